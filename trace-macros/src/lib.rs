@@ -1,0 +1,1 @@
+//! Attribute macros of `model-trace`. Use them through the `model-trace` crate.
