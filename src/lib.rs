@@ -1,3 +1,467 @@
-//! model-trace: attribute macros that turn transformer forward functions into tracepoints.
+//! See what a transformer computes, layer by layer, by annotating the forward functions it
+//! already has.
+//!
+//! Put an attribute on each forward function ([`trace_model`], [`trace_layer`],
+//! [`trace_attention`], [`trace_logits`], [`trace_kv_cache`], [`trace_quant`]) and an inline
+//! macro where a value has no function of its own ([`trace_tensor!`],
+//! [`trace_attention_value!`], [`trace_logits_value!`]). Then run the model inside a
+//! [`Session`]: every annotated call on that thread records tensor statistics into a
+//! [`ModelTracer`], which flags NaN, Inf, exploding and vanishing activations and layers that
+//! barely change their input at the end of each forward pass.
+//!
+//! # Compiled out unless asked for
+//!
+//! Tracing is compiled in by this crate's `enabled` feature. A crate that uses the macros
+//! forwards a feature of its own and leaves it off by default; a binary or a test turns it on:
+//!
+//! ```toml
+//! [dependencies]
+//! model-trace = "0.1"
+//!
+//! [features]
+//! trace = ["model-trace/enabled"]
+//! ```
+//!
+//! Without `enabled`, every attribute returns the function it was given, token for token, and
+//! the inline macros expand to code that never runs: the program is the same as one without
+//! the annotations. The arguments are still checked, so a mistake is a compile error in both
+//! builds. The session and registry API exists either way, so `main` compiles either way; a
+//! session then records nothing and [`tracepoints()`] is empty.
+//!
+//! # A model, annotated
+//!
+//! A two-block model on `Vec<f32>`. [`TraceTensor`] reads `[f32]`, `Vec<f32>`, arrays,
+//! [`TensorRef`] (a flat slice with a shape), and, with the `candle` and `ndarray` features,
+//! `candle_core::Tensor` and `ndarray` arrays. Arguments that are not tensors (the position,
+//! a config) are ignored without being listed.
+//!
+//! ```
+//! use model_trace::{
+//!     trace_attention, trace_layer, trace_logits, trace_model, trace_tensor, ModelTracerConfig,
+//!     Session,
+//! };
+//!
+//! struct Block {
+//!     gain: f32,
+//! }
+//!
+//! impl Block {
+//!     /// Input: `x`, the first tensor argument. Output: the returned vector.
+//!     #[trace_layer]
+//!     fn forward(&self, x: &[f32]) -> Vec<f32> {
+//!         let normed = rms_norm(x);
+//!         trace_tensor!("post_norm", &normed); // a stage of this layer's record
+//!         let probs = self.attention(&normed);
+//!         let mixed: f32 = probs.iter().zip(&normed).map(|(p, v)| p * v).sum();
+//!         x.iter().map(|v| v + self.gain * mixed).collect()
+//!     }
+//!
+//!     /// One query row over four keys; recorded as attention of the enclosing layer.
+//!     #[trace_attention]
+//!     fn attention(&self, x: &[f32]) -> Vec<f32> {
+//!         let exp: Vec<f32> = x.iter().map(|v| v.exp()).collect();
+//!         let sum: f32 = exp.iter().sum();
+//!         exp.iter().map(|v| v / sum).collect()
+//!     }
+//! }
+//!
+//! fn rms_norm(x: &[f32]) -> Vec<f32> {
+//!     let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+//!     x.iter().map(|v| v / (rms + 1e-6)).collect()
+//! }
+//!
+//! struct Model {
+//!     blocks: Vec<Block>,
+//! }
+//!
+//! impl Model {
+//!     /// One forward pass: layers called inside it are numbered 0, 1, ... in call order.
+//!     #[trace_model(position = position)]
+//!     fn forward(&self, tokens: &[f32], position: usize) -> Vec<f32> {
+//!         let mut hidden = tokens.to_vec();
+//!         for block in &self.blocks {
+//!             hidden = block.forward(&hidden);
+//!         }
+//!         self.head(&hidden, position)
+//!     }
+//!
+//!     /// The logits `[vocab]`: ranks of the tracked tokens (the top 5 when none are given).
+//!     #[trace_logits]
+//!     fn head(&self, hidden: &[f32], position: usize) -> Vec<f32> {
+//!         hidden.iter().map(|v| v * (1 + position) as f32).collect()
+//!     }
+//! }
+//!
+//! let model = Model { blocks: vec![Block { gain: 0.5 }, Block { gain: 0.25 }] };
+//! let session = Session::start(ModelTracerConfig::full()); // this thread only
+//! let logits = model.forward(&[0.5, -1.0, 2.0, 0.1], 0);
+//! let tracer = session.finish();
+//!
+//! // Tracing never changes what the model computes.
+//! assert_eq!(logits.len(), 4);
+//! println!("{}", tracer.summary());
+//!
+//! if cfg!(feature = "enabled") {
+//!     let pass = &tracer.activation_traces()[0];
+//!     assert_eq!(pass.layers.len(), 2);
+//!     assert_eq!(pass.layers[1].layer_idx, 1);
+//!     assert_eq!(pass.layers[0].input_stats.count, 4);
+//!     assert_eq!(pass.layers[0].post_norm_stats.count, 4);
+//!     assert!(!pass.has_anomaly);
+//!     // One attention row per layer, with the layer it was recorded in.
+//!     let attention_layers: Vec<usize> =
+//!         tracer.attention_traces().iter().map(|t| t.layer_idx).collect();
+//!     assert_eq!(attention_layers, [0, 1]);
+//!     assert_eq!(tracer.logit_traces().len(), 1);
+//!     // Every annotation is a tracepoint, listed before anything runs.
+//!     assert_eq!(model_trace::tracepoints().len(), 5);
+//! } else {
+//!     assert!(tracer.activation_traces().is_empty());
+//!     assert!(model_trace::tracepoints().is_empty());
+//! }
+//! ```
+//!
+//! # Tracepoints
+//!
+//! Each annotation registers one static tracepoint (kind, name, function, module, file, line).
+//! [`tracepoints()`] lists them sorted, one line each, so a program can show what it can trace
+//! at startup:
+//!
+//! ```text
+//! layer      forward  (my_model::forward at src/model.rs:12)
+//! ```
+//!
+//! A session can be limited to some of them: [`Session::with_filter`] takes patterns such as
+//! `layer:*` or `attention:*` or a name, and [`Session::start`] reads the same patterns from the
+//! `MODEL_TRACE` environment variable.
+//!
+//! # Which functions can be annotated
+//!
+//! Free functions, inherent and trait-impl methods (`self`, `&self`, `&mut self`,
+//! `self: Box<Self>`), trait default methods, generic functions (a generic `T` is traced when
+//! it is bounded by [`TraceTensor`] and skipped otherwise), `impl Trait` and `mut` parameters,
+//! lifetimes, `where` clauses, `unsafe fn` and `extern "C" fn`. The output is the return value
+//! seen through `Result` and `Option` (also an alias such as `candle_core::Result<T>`): an
+//! `Err` or `None` records no output.
+//!
+//! The body stays in the function: it is never moved into a closure. An early `return` becomes
+//! a `break` out of the block that holds the body, so its value is recorded too; `?` leaves
+//! directly, and a drop guard still closes the layer or the pass, also when the body panics.
+//!
+//! Rejected at compile time:
+//! - `async fn`. A session is per thread, and a future may move between threads between two
+//!   polls; annotate the synchronous functions the future calls.
+//! - `const fn`: recording happens at run time.
+//!
+//! Limits worth knowing:
+//! - A parameter that only an argument uses (`#[trace_model(position = pos)]` with `pos`
+//!   unused in the body) is an unused variable when tracing is compiled out, because the
+//!   function is then returned unchanged.
+//! - Parameters named `_x` and parameters bound by a pattern (`(a, b): (f32, f32)`) are not
+//!   looked at for the input.
+//! - A `return` written inside a macro's arguments (`my_macro!(return x)`) leaves without
+//!   recording the output; the guard still closes the record.
+//! - Generated code names this crate `::model_trace`: depend on it under that name.
 
 pub use trace_runtime::*;
+
+/// Marks one forward pass of a model: begins a pass on entry, ends it on return (also on `?`
+/// or a panic) and then runs anomaly detection over the layers recorded inside it.
+///
+/// Arguments, all optional:
+/// - `position = EXPR`: the position of the pass (any integer type); by default the passes of
+///   the session are counted 0, 1, 2, ...
+/// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// A `#[trace_model]` nested in another joins the pass already open.
+///
+/// ```
+/// use model_trace::{trace_layer, trace_model, ModelTracerConfig, Session};
+///
+/// #[trace_layer]
+/// fn block(x: &[f32]) -> Vec<f32> {
+///     x.iter().map(|v| v * 0.5).collect()
+/// }
+///
+/// #[trace_model(position = start, name = "decoder")]
+/// fn decode(tokens: &[f32], start: usize) -> Vec<f32> {
+///     assert!(start < 2048);
+///     block(&block(tokens))
+/// }
+///
+/// let session = Session::start(ModelTracerConfig::lightweight());
+/// decode(&[1.0, 2.0], 7);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     assert_eq!(tracer.activation_traces()[0].position, 7);
+///     assert_eq!(tracer.activation_traces()[0].layers.len(), 2);
+/// }
+/// ```
+pub use trace_macros::trace_model;
+
+/// Records one layer: statistics of its input and output, plus the stages
+/// ([`trace_tensor!`]), attention and logits recorded while it runs, in one
+/// [`LayerActivationTrace`].
+///
+/// Arguments, all optional:
+/// - `index = EXPR`: the layer index (any integer type); by default the layer calls of the
+///   current forward pass are numbered 0, 1, 2, ...
+/// - `input = EXPR`: the input tensor; by default the first argument that is a tensor
+///   (`self` is never the input).
+/// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// ```
+/// use model_trace::{trace_layer, ModelTracerConfig, Session};
+///
+/// struct Block {
+///     index: u32,
+///     weight: Vec<f32>,
+/// }
+///
+/// impl Block {
+///     #[trace_layer(index = self.index)]
+///     fn forward(&self, x: &[f32]) -> Result<Vec<f32>, String> {
+///         if x.len() != self.weight.len() {
+///             return Err(format!("expected {} values", self.weight.len()));
+///         }
+///         Ok(x.iter().zip(&self.weight).map(|(a, w)| a * w).collect())
+///     }
+/// }
+///
+/// let block = Block { index: 3, weight: vec![2.0, 2.0] };
+/// let session = Session::start(ModelTracerConfig::lightweight());
+/// block.forward(&[1.0, 2.0]).unwrap();
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let layer = &tracer.activation_traces()[0].layers[0];
+///     assert_eq!(layer.layer_idx, 3);
+///     assert_eq!(layer.input_stats.mean, 1.5);
+///     assert_eq!(layer.output_stats.mean, 3.0);
+/// }
+/// ```
+pub use trace_macros::trace_layer;
+
+/// Records the returned attention probabilities, read as `[.., heads, q_len, k_len]`:
+/// per query row the top-k keys and their weights, the tail mass and the entropy (see
+/// [`AttentionTraceConfig`]).
+///
+/// Arguments, all optional:
+/// - `layer = EXPR`: the layer index, evaluated after the body; by default the enclosing
+///   [`trace_layer`] call.
+/// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// A function that returns nothing is a compile error.
+///
+/// ```
+/// use model_trace::{trace_attention, ModelTracerConfig, Session, TensorRef};
+///
+/// /// Two heads, one query, three keys.
+/// #[trace_attention(layer = 0)]
+/// fn attention<'a>(probs: &'a [f32], shape: &'a [usize]) -> Option<TensorRef<'a>> {
+///     TensorRef::new(probs, shape).ok()
+/// }
+///
+/// let session = Session::start(ModelTracerConfig::full());
+/// attention(&[0.7, 0.2, 0.1, 0.1, 0.1, 0.8], &[2, 1, 3]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let rows = tracer.attention_traces();
+///     assert_eq!(rows.len(), 2);
+///     assert_eq!(rows[1].head_idx, 1);
+///     assert_eq!(rows[1].top_k_positions[0], 2);
+/// }
+/// ```
+pub use trace_macros::trace_attention;
+
+/// Records the returned logits, read as `[.., vocab]`: the rank and logit of the tracked tokens
+/// ([`ModelTracerConfig::tracked_tokens`], or the final top-k), so the layer where the
+/// prediction was decided shows up across layers.
+///
+/// Arguments, all optional:
+/// - `layer = EXPR`: the layer the logits belong to, evaluated after the body; by default the
+///   enclosing [`trace_layer`] call, or the final layer outside any.
+/// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// A function that returns nothing is a compile error.
+///
+/// ```
+/// use model_trace::{trace_logits, ModelTracerConfig, Session};
+///
+/// #[trace_logits]
+/// fn lm_head(hidden: &[f32]) -> Vec<f32> {
+///     hidden.iter().map(|v| v * 10.0).collect()
+/// }
+///
+/// let mut config = ModelTracerConfig::full();
+/// config.tracked_tokens = Some(vec![2]);
+/// let session = Session::start(config);
+/// lm_head(&[0.1, 0.3, 0.2]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let token = &tracer.logit_traces()[0].tracked_tokens[0];
+///     assert_eq!(token.final_rank(), Some(1));
+/// }
+/// ```
+pub use trace_macros::trace_logits;
+
+/// Records one KV-cache step from expressions evaluated after the body, with `self` and the
+/// arguments in scope.
+///
+/// Arguments, all optional, each an expression: `len` (valid positions), `capacity`, `bytes`,
+/// `evictions` (during this call), cast with `as usize`, and `hit_rate` in `[0, 1]`, cast with
+/// `as f32`; `name = "..."` names the tracepoint.
+///
+/// ```
+/// use model_trace::{trace_kv_cache, ModelTracerConfig, Session};
+///
+/// struct KvCache {
+///     keys: Vec<[f32; 4]>,
+///     max_len: usize,
+/// }
+///
+/// impl KvCache {
+///     #[trace_kv_cache(
+///         len = self.keys.len(),
+///         capacity = self.max_len,
+///         bytes = self.keys.len() * std::mem::size_of::<[f32; 4]>(),
+///     )]
+///     fn append(&mut self, key: [f32; 4]) {
+///         self.keys.push(key);
+///     }
+/// }
+///
+/// let mut cache = KvCache { keys: Vec::new(), max_len: 8 };
+/// let session = Session::start(ModelTracerConfig::lightweight());
+/// cache.append([0.0; 4]);
+/// cache.append([1.0; 4]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let steps = &tracer.kv_trace().steps;
+///     assert_eq!(steps[1].valid_positions, 2);
+///     assert_eq!(steps[1].cache_size_bytes, 32);
+/// }
+/// ```
+pub use trace_macros::trace_kv_cache;
+
+/// Records the error of a quantized computation against a full-precision reference: MSE, max
+/// absolute error, cosine similarity and SNR of the returned value against what `reference`
+/// returns for the same arguments.
+///
+/// Arguments:
+/// - `reference = PATH` (required): a function taking the same arguments (`self` first for a
+///   method, as in `Self::forward_f32`). It is called before the body, and only when
+///   quantization tracing is on, so it costs nothing otherwise. Arguments passed by value
+///   must be `Copy`, since both functions receive them.
+/// - `quant = Q4_1`: the [`QuantType`] of the computation, by its ggml name; by default it is
+///   guessed from the output's element type.
+/// - `name = "..."`: the site's name in the record; by default the function's name.
+///
+/// ```
+/// use model_trace::{trace_quant, ModelTracerConfig, QuantType, Session};
+///
+/// struct Linear {
+///     weight: Vec<f32>,
+/// }
+///
+/// impl Linear {
+///     fn forward_f32(&self, x: &[f32]) -> Vec<f32> {
+///         x.iter().zip(&self.weight).map(|(a, w)| a * w).collect()
+///     }
+///
+///     /// Weights rounded to a 1/8 grid, standing in for a 4-bit kernel.
+///     #[trace_quant(reference = Self::forward_f32, quant = Q4_1, name = "blk.0.ffn_up")]
+///     fn forward(&self, x: &[f32]) -> Vec<f32> {
+///         let q = |w: f32| (w * 8.0).round() / 8.0;
+///         x.iter().zip(&self.weight).map(|(a, w)| a * q(*w)).collect()
+///     }
+/// }
+///
+/// let linear = Linear { weight: vec![0.3, -0.7, 0.05] };
+/// let session = Session::start(ModelTracerConfig::full());
+/// linear.forward(&[1.0, 1.0, 1.0]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let site = &tracer.quant_traces()[0].traces[0];
+///     assert_eq!(site.site, "blk.0.ffn_up");
+///     assert_eq!(site.quant_type, QuantType::Q4_1);
+///     assert!(site.cosine_similarity > 0.99);
+/// }
+/// ```
+pub use trace_macros::trace_quant;
+
+/// Records an intermediate tensor as a stage of the enclosing [`trace_layer`] call:
+/// `trace_tensor!("stage", &value)`.
+///
+/// `post_norm`, `post_attn` and `post_ffn` fill those fields of [`LayerActivationTrace`]; any
+/// other name is kept by name, in recording order. The stage must be a string literal.
+/// Compiled out, the macro only borrows the value in code that never runs, so the value is
+/// still used and nothing is computed.
+///
+/// ```
+/// use model_trace::{trace_layer, trace_tensor, ModelTracerConfig, Session};
+///
+/// #[trace_layer]
+/// fn block(x: &[f32]) -> Vec<f32> {
+///     let normed: Vec<f32> = x.iter().map(|v| v / 2.0).collect();
+///     trace_tensor!("post_norm", &normed);
+///     let gate: Vec<f32> = normed.iter().map(|v| v.max(0.0)).collect();
+///     trace_tensor!("gate", &gate);
+///     gate
+/// }
+///
+/// let session = Session::start(ModelTracerConfig::lightweight());
+/// block(&[2.0, -4.0]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     let layer = &tracer.activation_traces()[0].layers[0];
+///     assert_eq!(layer.post_norm_stats.mean, -0.5);
+///     assert_eq!(layer.other_stages[0].0, "gate");
+/// }
+/// ```
+pub use trace_macros::trace_tensor;
+
+/// Records attention probabilities computed inline, like [`trace_attention`] does for a
+/// returned value: `trace_attention_value!(&probs)`, optionally with `layer = EXPR` and
+/// `name = "..."`.
+///
+/// Its name differs from the attribute's because Rust cannot export an attribute macro and a
+/// function-like macro under one name.
+///
+/// ```
+/// use model_trace::{trace_attention_value, trace_layer, ModelTracerConfig, Session};
+///
+/// #[trace_layer(index = 2)]
+/// fn block(x: &[f32]) -> Vec<f32> {
+///     let probs = vec![0.9_f32, 0.1];
+///     trace_attention_value!(&probs);
+///     x.to_vec()
+/// }
+///
+/// let session = Session::start(ModelTracerConfig::full());
+/// block(&[1.0]);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     assert_eq!(tracer.attention_traces()[0].layer_idx, 2);
+/// }
+/// ```
+pub use trace_macros::trace_attention_value;
+
+/// Records logits computed inline, like [`trace_logits`] does for a returned value:
+/// `trace_logits_value!(&logits)`, optionally with `layer = EXPR` and `name = "..."`.
+///
+/// ```
+/// use model_trace::{trace_logits_value, ModelTracerConfig, Session};
+///
+/// fn early_exit(hidden: &[f32], layer: usize) {
+///     let logits: Vec<f32> = hidden.iter().map(|v| v * 3.0).collect();
+///     trace_logits_value!(&logits, layer = layer);
+/// }
+///
+/// let session = Session::start(ModelTracerConfig::full());
+/// early_exit(&[0.2, 0.1], 4);
+/// let tracer = session.finish();
+/// if cfg!(feature = "enabled") {
+///     assert_eq!(tracer.logit_traces().len(), 1);
+/// }
+/// ```
+pub use trace_macros::trace_logits_value;

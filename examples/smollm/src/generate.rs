@@ -1,0 +1,93 @@
+//! Loading and greedy decoding, shared by the CLI and the tests.
+
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::{argmax, Model};
+use crate::tokenizer::GgufTokenizer;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The model and its tokenizer from one GGUF file (read once).
+pub fn load(path: &Path) -> Result<(Model, GgufTokenizer)> {
+    let mut gguf = Gguf::open(path)?;
+    let tokenizer = GgufTokenizer::from_gguf(&gguf)?;
+    let model = Model::from_gguf(&mut gguf)?;
+    Ok((model, tokenizer))
+}
+
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids, the EOS token included if it was produced.
+    pub generated: Vec<u32>,
+    /// The generated text alone, special tokens dropped.
+    pub text: String,
+    pub stopped_at_eos: bool,
+    pub prefill: Duration,
+    /// One entry per single-token forward pass after the prefill.
+    pub decode_steps: Vec<Duration>,
+    /// With the logit lens on: each layer's top token for the first generated token.
+    pub prefill_lens_top: Vec<u32>,
+}
+
+impl Generation {
+    /// Median time of a single-token decode step; None when there was none.
+    pub fn median_decode(&self) -> Option<Duration> {
+        let mut steps = self.decode_steps.clone();
+        steps.sort();
+        match steps.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(steps[n / 2]),
+            n => Some((steps[n / 2 - 1] + steps[n / 2]) / 2),
+        }
+    }
+}
+
+/// Greedy decoding: the prompt in one forward pass, then one token per pass through the KV cache,
+/// until `max_tokens` tokens or EOS.
+pub fn greedy(
+    model: &mut Model,
+    tokenizer: &GgufTokenizer,
+    prompt: &str,
+    max_tokens: usize,
+) -> Result<Generation> {
+    let prompt_ids = tokenizer.encode(prompt)?;
+    if prompt_ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt encodes to no tokens".into()));
+    }
+    let mut generation = Generation {
+        prompt_ids,
+        generated: Vec::new(),
+        text: String::new(),
+        stopped_at_eos: false,
+        prefill: Duration::ZERO,
+        decode_steps: Vec::new(),
+        prefill_lens_top: Vec::new(),
+    };
+    if max_tokens == 0 {
+        return Ok(generation);
+    }
+    let started = Instant::now();
+    let mut logits = model.forward(&generation.prompt_ids, 0)?;
+    generation.prefill = started.elapsed();
+    for lens in model.lens_logits()? {
+        generation.prefill_lens_top.push(argmax(&lens)?);
+    }
+    let mut position = generation.prompt_ids.len();
+    loop {
+        let next = argmax(&logits)?;
+        generation.generated.push(next);
+        if next == tokenizer.eos_id {
+            generation.stopped_at_eos = true;
+            break;
+        }
+        if generation.generated.len() >= max_tokens {
+            break;
+        }
+        let started = Instant::now();
+        logits = model.forward(&[next], position)?;
+        generation.decode_steps.push(started.elapsed());
+        position += 1;
+    }
+    generation.text = tokenizer.decode(&generation.generated)?;
+    Ok(generation)
+}

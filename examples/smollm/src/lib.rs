@@ -1,0 +1,13 @@
+//! SmolLM2-135M (llama architecture, Q4_1 GGUF) on candle, greedy decoding with a KV cache: the
+//! real model model-trace's annotations are exercised on. See `model` for the annotation sites.
+
+pub mod error;
+pub mod generate;
+pub mod gguf;
+pub mod model;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};
+pub use model::{Config, KvCache, Model};
+pub use tokenizer::GgufTokenizer;

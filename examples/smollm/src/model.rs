@@ -1,0 +1,630 @@
+//! A llama decoder (SmolLM2-135M) on candle, written so that every value model-trace annotates has a
+//! function or a `let` of its own:
+//!
+//! | future annotation                         | site                                   |
+//! |-------------------------------------------|----------------------------------------|
+//! | `#[trace_model(position = position)]`     | [`Model::forward`]                     |
+//! | `#[trace_layer]`                          | [`Block::forward`]                     |
+//! | `trace_tensor!("post_norm" / "post_attn" / "post_ffn")` | the `let`s of the same names in [`Block::forward`] |
+//! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
+//! | `#[trace_logits]`                         | [`Model::logits`]                      |
+//! | `trace_logits!(layer = i, &l)` (logit lens) | `lens` in [`Model::forward`]         |
+//! | `#[trace_kv_cache]`                       | [`KvCache::append`]                    |
+//! | `#[trace_quant(reference = Self::forward_f32)]` | [`QuantLinear::forward`]         |
+//!
+//! Everything computes in f32 on the CPU; only the matmul weights stay quantized.
+
+use crate::error::{Error, Result as LoadResult};
+use crate::gguf::Gguf;
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// Hyper-parameters, all read from the GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+    pub context_length: usize,
+}
+
+impl Config {
+    pub fn from_gguf(gguf: &Gguf) -> LoadResult<Self> {
+        let arch = gguf.string("general.architecture")?;
+        if arch != "llama" {
+            return Err(Error::Gguf(format!(
+                "general.architecture is {arch:?}; this is a llama implementation"
+            )));
+        }
+        let hidden_size = gguf.usize("llama.embedding_length")?;
+        let num_heads = gguf.usize("llama.attention.head_count")?;
+        let num_kv_heads = gguf.usize("llama.attention.head_count_kv")?;
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::Gguf(format!(
+                "{num_heads} query heads cannot share {num_kv_heads} KV heads evenly"
+            )));
+        }
+        if hidden_size % num_heads != 0 {
+            return Err(Error::Gguf(format!(
+                "width {hidden_size} is not a multiple of {num_heads} heads"
+            )));
+        }
+        let head_dim = hidden_size / num_heads;
+        // Partial rotary embeddings are not implemented; refuse rather than compute garbage.
+        if let Ok(rope_dim) = gguf.usize("llama.rope.dimension_count") {
+            if rope_dim != head_dim {
+                return Err(Error::Gguf(format!(
+                    "llama.rope.dimension_count is {rope_dim}, head dim is {head_dim}; \
+                     partial rotary embeddings are not implemented"
+                )));
+            }
+        }
+        let vocab_size = match gguf.usize("llama.vocab_size") {
+            Ok(n) => n,
+            Err(_) => gguf.strings("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size: gguf.usize("llama.feed_forward_length")?,
+            num_layers: gguf.usize("llama.block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rope_theta: gguf.f32("llama.rope.freq_base").unwrap_or(10_000.0),
+            rms_norm_eps: gguf.f32("llama.attention.layer_norm_rms_epsilon")?,
+            context_length: gguf.usize("llama.context_length")?,
+        })
+    }
+}
+
+/// A matmul whose weight stays in its GGUF quantization, with the same matmul on the dequantized
+/// weight as the reference the quantization error is measured against.
+pub struct QuantLinear {
+    name: String,
+    weight: Arc<QTensor>,
+    matmul: QMatMul,
+    /// Filled on the first `forward_f32`, so untraced runs never pay for the f32 copy.
+    dequantized: OnceLock<Tensor>,
+}
+
+impl QuantLinear {
+    pub fn new(name: impl Into<String>, weight: Arc<QTensor>) -> Result<Self> {
+        let matmul = QMatMul::from_arc(weight.clone())?;
+        Ok(Self {
+            name: name.into(),
+            weight,
+            matmul,
+            dequantized: OnceLock::new(),
+        })
+    }
+
+    /// `x @ Wᵀ` with the quantized kernel: `[.., in] -> [.., out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    /// `x @ Wᵀ` against the dequantized f32 weight, same shapes as [`QuantLinear::forward`].
+    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        let weight = self.dequantized_weight()?;
+        x.broadcast_matmul(&weight.t()?)
+    }
+
+    /// The weight as f32 `[out, in]`, dequantized once.
+    pub fn dequantized_weight(&self) -> Result<&Tensor> {
+        if let Some(weight) = self.dequantized.get() {
+            return Ok(weight);
+        }
+        let weight = self.weight.dequantize(&self.weight.device())?;
+        // A concurrent caller may have won the race; either copy is the same.
+        let _ = self.dequantized.set(weight);
+        self.dequantized
+            .get()
+            .ok_or_else(|| candle_core::Error::Msg("dequantized weight vanished".into()))
+    }
+
+    /// The GGUF tensor name, e.g. `blk.3.attn_q.weight`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ggml_dtype(&self) -> GgmlDType {
+        self.weight.dtype()
+    }
+
+    /// `(out_features, in_features)`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        self.weight.shape().dims2()
+    }
+}
+
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+/// Rotary tables for every position of the context, computed once and shared by all layers.
+///
+/// llama.cpp's converter permutes the q/k weights of llama models so that rotation pairs are
+/// adjacent (dims 2i, 2i+1), hence the interleaved `rope_i`, not the half-split `rope`.
+pub struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotary {
+    pub fn new(config: &Config, device: &Device) -> Result<Self> {
+        let half = config.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                1.0 / config
+                    .rope_theta
+                    .powf(2.0 * i as f32 / config.head_dim as f32)
+            })
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let positions = Tensor::arange(0u32, config.context_length as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((config.context_length, 1))?;
+        let angles = positions.matmul(&inv_freq)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+        })
+    }
+
+    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`.
+    pub fn apply(&self, x: &Tensor, position: usize) -> Result<Tensor> {
+        let seq_len = x.dim(2)?;
+        let cos = self.cos.narrow(0, position, seq_len)?;
+        let sin = self.sin.narrow(0, position, seq_len)?;
+        candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
+    }
+}
+
+/// One layer's keys and values, `[batch, kv_heads, len, head_dim]`, in a buffer that doubles when
+/// full: appending one token copies one row, not the whole history.
+pub struct KvCache {
+    keys: Option<Tensor>,
+    values: Option<Tensor>,
+    len: usize,
+    capacity: usize,
+    max_len: usize,
+}
+
+impl KvCache {
+    /// Rows allocated at the first append (or the prompt length, if larger).
+    const INITIAL_CAPACITY: usize = 64;
+
+    /// An empty cache that refuses to grow past `max_len` positions (the model's context).
+    pub fn new(max_len: usize) -> Self {
+        Self {
+            keys: None,
+            values: None,
+            len: 0,
+            capacity: 0,
+            max_len,
+        }
+    }
+
+    /// Appends `k`, `v` (`[batch, kv_heads, new, head_dim]`) and returns every cached position,
+    /// the new ones included.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let new = k.dim(2)?;
+        let needed = self.len + new;
+        if needed > self.max_len {
+            candle_core::bail!(
+                "KV cache full: {} cached + {new} new positions exceed the context of {}",
+                self.len,
+                self.max_len
+            );
+        }
+        if needed > self.capacity {
+            let capacity = needed
+                .max(Self::INITIAL_CAPACITY)
+                .max(self.capacity * 2)
+                .min(self.max_len);
+            self.keys = Some(Self::grow(self.keys.as_ref(), k, self.len, capacity)?);
+            self.values = Some(Self::grow(self.values.as_ref(), v, self.len, capacity)?);
+            self.capacity = capacity;
+        }
+        let (keys, values) = match (&self.keys, &self.values) {
+            (Some(keys), Some(values)) => (keys, values),
+            _ => candle_core::bail!("KV cache buffers missing after growth"),
+        };
+        keys.slice_set(&k.contiguous()?, 2, self.len)?;
+        values.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.len = needed;
+        Ok((keys.narrow(2, 0, self.len)?, values.narrow(2, 0, self.len)?))
+    }
+
+    /// A zeroed buffer of `capacity` positions shaped like `like`, holding the first `len`
+    /// positions of `old`.
+    fn grow(old: Option<&Tensor>, like: &Tensor, len: usize, capacity: usize) -> Result<Tensor> {
+        let (batch, heads, _, head_dim) = like.dims4()?;
+        let buffer = Tensor::zeros(
+            (batch, heads, capacity, head_dim),
+            like.dtype(),
+            like.device(),
+        )?;
+        if let Some(old) = old {
+            if len > 0 {
+                buffer.slice_set(&old.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the current buffers can hold before they grow again.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes allocated for keys and values (the whole capacity, not just the filled part).
+    pub fn bytes(&self) -> usize {
+        [&self.keys, &self.values]
+            .into_iter()
+            .flatten()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// Forgets every position; the buffers are released too.
+    pub fn clear(&mut self) {
+        *self = Self::new(self.max_len);
+    }
+}
+
+pub struct Attention {
+    q: QuantLinear,
+    k: QuantLinear,
+    v: QuantLinear,
+    o: QuantLinear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    rotary: Arc<Rotary>,
+}
+
+impl Attention {
+    /// `x: [batch, seq, hidden]` whose first row is at `position` -> `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let (batch, seq_len, hidden) = x.dims3()?;
+        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+            t.reshape((batch, seq_len, n, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = heads(self.q.forward(x)?, self.num_heads)?;
+        let k = heads(self.k.forward(x)?, self.num_kv_heads)?;
+        let v = heads(self.v.forward(x)?, self.num_kv_heads)?;
+        let q = self.rotary.apply(&q, position)?;
+        let k = self.rotary.apply(&k, position)?;
+        let (k, v) = cache.append(&k, &v)?;
+
+        let probs = self.attention_probs(&q, &k, position)?;
+        // Query heads that share a KV head are stacked along the row axis so one batched matmul
+        // serves the group without copying K/V once per query head.
+        let group = self.num_heads / self.num_kv_heads;
+        let k_len = k.dim(2)?;
+        let grouped = probs.reshape((batch, self.num_kv_heads, group * seq_len, k_len))?;
+        let out = grouped
+            .matmul(&v.contiguous()?)?
+            .reshape((batch, self.num_heads, seq_len, self.head_dim))?
+            .transpose(1, 2)?
+            .reshape((batch, seq_len, hidden))?;
+        self.o.forward(&out)
+    }
+
+    /// Softmax attention probabilities `[batch, heads, q_len, k_len]` of the rotated queries
+    /// `q: [batch, heads, q_len, head_dim]` over the cached keys `k: [batch, kv_heads, k_len,
+    /// head_dim]`, causal: the query at `position + i` sees keys `0..=position + i`.
+    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, position: usize) -> Result<Tensor> {
+        let (batch, _, q_len, head_dim) = q.dims4()?;
+        let k_len = k.dim(2)?;
+        let group = self.num_heads / self.num_kv_heads;
+        // Query head h reads KV head h / group, as in Hugging Face's `repeat_kv`.
+        let q = q.reshape((batch, self.num_kv_heads, group * q_len, head_dim))?;
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (head_dim as f64).sqrt()))?.reshape((
+            batch,
+            self.num_heads,
+            q_len,
+            k_len,
+        ))?;
+        let scores = if q_len > 1 {
+            scores.broadcast_add(&causal_mask(q_len, position, k_len, q.device())?)?
+        } else {
+            scores
+        };
+        candle_nn::ops::softmax_last_dim(&scores)
+    }
+}
+
+/// `[q_len, k_len]`: 0 where query `position + i` may see key `j`, -inf where `j` is in its future.
+fn causal_mask(q_len: usize, position: usize, k_len: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..q_len)
+        .flat_map(|i| {
+            (0..k_len).map(move |j| {
+                if j > position + i {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (q_len, k_len), device)
+}
+
+pub struct Mlp {
+    gate: QuantLinear,
+    up: QuantLinear,
+    down: QuantLinear,
+}
+
+impl Mlp {
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+pub struct Block {
+    attn_norm: RmsNorm,
+    attn: Attention,
+    ffn_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    /// One pre-norm transformer block over `x: [batch, seq, hidden]` whose first row is at
+    /// `position`; returns the residual stream after the block.
+    ///
+    /// Stages, for the layer record:
+    /// - `post_norm`: the attention norm's output (what the attention reads);
+    /// - `post_attn`: the residual stream after the attention is added, `x + attn(post_norm)`;
+    /// - `post_ffn`: the MLP's output before it is added to the stream (after the add it would
+    ///   be the block's output, which the layer record already holds).
+    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let post_norm = self.attn_norm.forward(x)?;
+        let post_attn = (x + self.attn.forward(&post_norm, position, cache)?)?;
+        let post_ffn = self.mlp.forward(&self.ffn_norm.forward(&post_attn)?)?;
+        &post_attn + &post_ffn
+    }
+
+    pub fn attention(&self) -> &Attention {
+        &self.attn
+    }
+}
+
+pub struct Model {
+    config: Config,
+    device: Device,
+    /// Token embeddings dequantized to f32 `[vocab, hidden]`: a lookup, not a matmul.
+    embeddings: Tensor,
+    blocks: Vec<Block>,
+    caches: Vec<KvCache>,
+    norm: RmsNorm,
+    /// The output projection; SmolLM2 ties it to the (Q8_0) token embeddings.
+    head: QuantLinear,
+    /// When on, each block's output at the last position also goes through the final norm and
+    /// the head (the logit lens). Off by default: it costs one head matmul per layer.
+    pub logit_lens: bool,
+    lens: Vec<Tensor>,
+}
+
+impl Model {
+    /// Loads the model from a GGUF file onto the CPU.
+    pub fn load(path: &Path) -> LoadResult<Self> {
+        let mut gguf = Gguf::open(path)?;
+        Self::from_gguf(&mut gguf)
+    }
+
+    pub fn from_gguf(gguf: &mut Gguf) -> LoadResult<Self> {
+        let device = Device::Cpu;
+        let config = Config::from_gguf(gguf)?;
+        let mut linear = |name: String| -> LoadResult<QuantLinear> {
+            let weight = Arc::new(gguf.qtensor(&name, &device)?);
+            Ok(QuantLinear::new(name, weight)?)
+        };
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let attn_weights = (
+                linear(format!("blk.{i}.attn_q.weight"))?,
+                linear(format!("blk.{i}.attn_k.weight"))?,
+                linear(format!("blk.{i}.attn_v.weight"))?,
+                linear(format!("blk.{i}.attn_output.weight"))?,
+            );
+            let mlp = Mlp {
+                gate: linear(format!("blk.{i}.ffn_gate.weight"))?,
+                up: linear(format!("blk.{i}.ffn_up.weight"))?,
+                down: linear(format!("blk.{i}.ffn_down.weight"))?,
+            };
+            layers.push((attn_weights, mlp));
+        }
+        let rotary = Arc::new(Rotary::new(&config, &device)?);
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for (i, ((q, k, v, o), mlp)) in layers.into_iter().enumerate() {
+            blocks.push(Block {
+                attn_norm: norm(gguf, &format!("blk.{i}.attn_norm.weight"), &config, &device)?,
+                attn: Attention {
+                    q,
+                    k,
+                    v,
+                    o,
+                    num_heads: config.num_heads,
+                    num_kv_heads: config.num_kv_heads,
+                    head_dim: config.head_dim,
+                    rotary: rotary.clone(),
+                },
+                ffn_norm: norm(gguf, &format!("blk.{i}.ffn_norm.weight"), &config, &device)?,
+                mlp,
+            });
+        }
+        let embedding_weight = Arc::new(gguf.qtensor("token_embd.weight", &device)?);
+        let embeddings = embedding_weight.dequantize(&device)?;
+        let head = if gguf.has_tensor("output.weight") {
+            let weight = Arc::new(gguf.qtensor("output.weight", &device)?);
+            QuantLinear::new("output.weight", weight)?
+        } else {
+            QuantLinear::new("token_embd.weight", embedding_weight)?
+        };
+        let norm = norm(gguf, "output_norm.weight", &config, &device)?;
+        let caches = (0..config.num_layers)
+            .map(|_| KvCache::new(config.context_length))
+            .collect();
+        Ok(Self {
+            config,
+            device,
+            embeddings,
+            blocks,
+            caches,
+            norm,
+            head,
+            logit_lens: false,
+            lens: Vec::new(),
+        })
+    }
+
+    /// Runs `tokens`, the sequence's tokens from `position` on, and returns the logits `[vocab]`
+    /// for the token after the last one.
+    ///
+    /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
+    /// must equal the number of positions already cached.
+    pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        if tokens.is_empty() {
+            candle_core::bail!("forward needs at least one token");
+        }
+        if position == 0 {
+            self.clear_cache();
+        }
+        let cached = self.cached_len();
+        if cached != position {
+            candle_core::bail!("forward at position {position}, but {cached} positions are cached");
+        }
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let mut x = self
+            .embeddings
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((1, tokens.len(), self.config.hidden_size))?;
+        self.lens.clear();
+        for i in 0..self.blocks.len() {
+            x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
+            if self.logit_lens {
+                // Future `trace_logits!(layer = i, &lens)`: block i's output read as a prediction.
+                let lens = self.logits(&last_position(&x)?)?;
+                self.lens.push(lens);
+            }
+        }
+        self.logits(&last_position(&x)?)?.squeeze(0)
+    }
+
+    /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.norm.forward(hidden)?)
+    }
+
+    /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty unless
+    /// `logit_lens` was on.
+    pub fn lens_logits(&self) -> Result<Vec<Tensor>> {
+        self.lens.iter().map(|l| l.squeeze(0)).collect()
+    }
+
+    pub fn clear_cache(&mut self) {
+        self.caches.iter_mut().for_each(KvCache::clear);
+    }
+
+    /// Positions in the KV caches (all layers hold the same number).
+    pub fn cached_len(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::len)
+    }
+
+    pub fn caches(&self) -> &[KvCache] {
+        &self.caches
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Every quantized matmul, in execution order within a block, the head last.
+    pub fn quant_linears(&self) -> Vec<&QuantLinear> {
+        let mut all: Vec<&QuantLinear> = Vec::with_capacity(self.blocks.len() * 7 + 1);
+        for block in &self.blocks {
+            let (attn, mlp) = (&block.attn, &block.mlp);
+            all.extend([
+                &attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down,
+            ]);
+        }
+        all.push(&self.head);
+        all
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+/// `[batch, seq, hidden] -> [batch, hidden]` at the last position.
+fn last_position(x: &Tensor) -> Result<Tensor> {
+    let seq_len = x.dim(1)?;
+    x.i((.., seq_len - 1, ..))?.contiguous()
+}
+
+fn norm(gguf: &mut Gguf, name: &str, config: &Config, device: &Device) -> LoadResult<RmsNorm> {
+    let weight = gguf.qtensor(name, device)?.dequantize(device)?;
+    if weight.dims() != [config.hidden_size] {
+        return Err(Error::Gguf(format!(
+            "{name} has shape {:?}, expected [{}]",
+            weight.dims(),
+            config.hidden_size
+        )));
+    }
+    Ok(RmsNorm {
+        weight,
+        eps: config.rms_norm_eps,
+    })
+}
+
+/// Index of the largest logit; the first one on ties.
+pub fn argmax(logits: &Tensor) -> Result<u32> {
+    let values = logits
+        .flatten_all()?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    let mut best = 0usize;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    Ok(best as u32)
+}

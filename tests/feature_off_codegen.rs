@@ -1,0 +1,77 @@
+//! With tracing compiled out, annotations must leave no trace in the binary: a crate with them
+//! and the same crate with them blanked (same line numbers) compile to the same `.text`.
+//!
+//! Both builds happen at the same path with the same package name, so symbol hashes and
+//! metadata agree and only the source differs. Compiled in, the test is moot and skipped.
+#![cfg(not(feature = "enabled"))]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIXTURE: &str = include_str!("fixtures/codegen_off/main.rs");
+
+fn blank_annotations(source: &str) -> String {
+    source
+        .lines()
+        .map(|line| {
+            let code = line.trim_start();
+            let annotation =
+                code.starts_with("#[trace_") || code.starts_with("model_trace::trace_");
+            if annotation {
+                ""
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn manifest(facade: &Path) -> String {
+    format!(
+        "[package]\nname = \"codegen-off\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
+         [dependencies]\nmodel-trace = {{ path = {facade:?} }}\n\n[workspace]\n"
+    )
+}
+
+/// Builds the crate at `dir` in release mode and returns the bytes of its `.text` section.
+fn text_section(dir: &Path, source: &str) -> Vec<u8> {
+    std::fs::write(dir.join("src/main.rs"), source).expect("write fixture source");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "fixture crate failed to build");
+    let binary = std::fs::read(dir.join("target/release/codegen-off")).expect("read binary");
+    let file = object::File::parse(&*binary).expect("parse binary");
+    use object::{Object, ObjectSection};
+    let text = file.section_by_name(".text").expect("binary has .text");
+    text.data().expect(".text data").to_vec()
+}
+
+#[test]
+fn annotations_compile_to_nothing_when_tracing_is_off() {
+    let facade = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = facade.join("target/codegen-off");
+    std::fs::create_dir_all(dir.join("src")).expect("create fixture crate");
+    std::fs::write(dir.join("Cargo.toml"), manifest(&facade)).expect("write manifest");
+
+    let blanked = blank_annotations(FIXTURE);
+    assert_eq!(blanked.lines().count(), FIXTURE.lines().count());
+    assert_ne!(blanked, FIXTURE, "the fixture has annotations to blank");
+
+    let annotated_text = text_section(&dir, FIXTURE);
+    let blanked_text = text_section(&dir, &blanked);
+    assert!(!annotated_text.is_empty());
+    assert!(
+        annotated_text == blanked_text,
+        ".text differs: {} bytes annotated, {} bytes blanked",
+        annotated_text.len(),
+        blanked_text.len()
+    );
+}

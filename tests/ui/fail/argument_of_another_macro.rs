@@ -1,0 +1,10 @@
+use model_trace::trace_model;
+
+#[trace_model(index = 0)]
+fn model(x: &[f32]) -> Vec<f32> {
+    x.to_vec()
+}
+
+fn main() {
+    model(&[]);
+}

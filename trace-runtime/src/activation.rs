@@ -1,0 +1,527 @@
+//! Per-layer activation statistics and the anomaly rules run over one forward pass.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::TensorStats;
+
+/// A layer whose residual ratio exceeds this barely changed its input: the skip connection
+/// carries (almost) everything and the block's own computation is effectively switched off.
+pub const RESIDUAL_DOMINANCE_THRESHOLD: f32 = 0.99;
+
+/// Layers with an index below this are exempt from the vanishing rule. The first blocks read
+/// embeddings, which in many models have a tiny spread (scaled or partly zero-initialised
+/// positions), so a small `std` there is not yet a sign of signal collapse.
+pub const VANISHING_WARMUP_LAYERS: usize = 2;
+
+/// Statistics of one transformer block in one forward pass.
+///
+/// The five named stages are the seed's fixed slots; anything else a model records (a
+/// `q_proj`, a gate) is kept by name in `other_stages`, in the order it was recorded. A stage
+/// that was never recorded holds `TensorStats::default()` (`count == 0`) and is ignored by the
+/// anomaly rules.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerActivationTrace {
+    /// Index of the block in the model.
+    pub layer_idx: usize,
+    /// The block's input (the residual stream entering it).
+    pub input_stats: TensorStats,
+    /// After the first normalisation.
+    pub post_norm_stats: TensorStats,
+    /// After the attention sub-block.
+    pub post_attn_stats: TensorStats,
+    /// After the feed-forward sub-block.
+    pub post_ffn_stats: TensorStats,
+    /// The block's output (the residual stream leaving it).
+    pub output_stats: TensorStats,
+    /// How much of the output is the unchanged input, in `[0, 1]`; see
+    /// [`LayerActivationTrace::residual_ratio_of`] for the definition and
+    /// [`LayerActivationTrace::residual_ratio_from`] for the statistics-only bound. `0.0` when
+    /// not computed.
+    pub residual_ratio: f32,
+    /// Stages other than the five above, by name, in recording order.
+    pub other_stages: Vec<(String, TensorStats)>,
+}
+
+/// What kind of rule flagged a layer. Ordered by severity, most severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ActivationAnomalyKind {
+    /// At least one NaN value.
+    Nan,
+    /// At least one +Inf or -Inf value.
+    Inf,
+    /// Finite values too large (see `TensorStats::has_anomaly`).
+    Explosion,
+    /// Spread collapsed (`TensorStats::is_vanishing`) after the warm-up layers.
+    Vanishing,
+    /// `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`.
+    ResidualDominance,
+}
+
+impl fmt::Display for ActivationAnomalyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nan => "NaN",
+            Self::Inf => "Inf",
+            Self::Explosion => "explosion",
+            Self::Vanishing => "vanishing",
+            Self::ResidualDominance => "residual dominance",
+        })
+    }
+}
+
+/// The first rule a layer breaks, before it is turned into text (only the reported one is).
+struct LayerAnomaly<'a> {
+    kind: ActivationAnomalyKind,
+    /// `None` for residual dominance, which belongs to the layer rather than a stage.
+    stage: Option<(&'a str, &'a TensorStats)>,
+}
+
+impl LayerActivationTrace {
+    /// An empty record for block `layer_idx`; fill it with [`set_stage`](Self::set_stage) or by
+    /// assigning the fields.
+    pub fn new(layer_idx: usize) -> Self {
+        Self {
+            layer_idx,
+            ..Self::default()
+        }
+    }
+
+    /// Stores `stats` under `name`: `input`, `post_norm`, `post_attn`, `post_ffn` and `output`
+    /// fill their fields, any other name is kept in `other_stages` (recording a name twice keeps
+    /// the last value, in its first position).
+    ///
+    /// When this completes the input/output pair, `residual_ratio` is (re)computed from the two
+    /// statistics with [`residual_ratio_from`](Self::residual_ratio_from), so that code which only
+    /// has statistics (the macros) still gets residual dominance checked. Call
+    /// [`record_residual`](Self::record_residual) afterwards to replace it by the exact value.
+    pub fn set_stage(&mut self, name: &str, stats: TensorStats) {
+        match name {
+            "input" => self.input_stats = stats,
+            "post_norm" => self.post_norm_stats = stats,
+            "post_attn" => self.post_attn_stats = stats,
+            "post_ffn" => self.post_ffn_stats = stats,
+            "output" => self.output_stats = stats,
+            _ => {
+                match self.other_stages.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, slot)) => *slot = stats,
+                    None => self.other_stages.push((name.to_owned(), stats)),
+                }
+                return;
+            }
+        }
+        if matches!(name, "input" | "output")
+            && self.input_stats.count > 0
+            && self.output_stats.count > 0
+        {
+            self.residual_ratio = Self::residual_ratio_from(&self.input_stats, &self.output_stats);
+        }
+    }
+
+    /// The statistics recorded under `name`, if that stage was recorded.
+    pub fn stage(&self, name: &str) -> Option<&TensorStats> {
+        self.stages().find(|(n, _)| *n == name).map(|(_, s)| s)
+    }
+
+    /// Recorded stages in data-flow order: input, post_norm, post_attn, post_ffn, the other
+    /// stages in recording order, output. Unrecorded fixed stages are skipped.
+    pub fn stages(&self) -> impl Iterator<Item = (&str, &TensorStats)> + '_ {
+        [
+            ("input", &self.input_stats),
+            ("post_norm", &self.post_norm_stats),
+            ("post_attn", &self.post_attn_stats),
+            ("post_ffn", &self.post_ffn_stats),
+        ]
+        .into_iter()
+        .chain(self.other_stages.iter().map(|(n, s)| (n.as_str(), s)))
+        .chain(std::iter::once(("output", &self.output_stats)))
+        .filter(|(_, s)| s.count > 0)
+    }
+
+    /// Exact residual ratio of a block, from its input and output values:
+    ///
+    /// `ratio = ‖x‖ / (‖x‖ + ‖y − x‖)` with `x` the input, `y` the output, Euclidean norms.
+    ///
+    /// It is `1` when the block added nothing (`y = x`), `0.5` when the block's update is as
+    /// large as its input, and tends to `0` when the update swamps the input. Unlike
+    /// `1 − ‖y − x‖/‖y‖` it stays in `[0, 1]` and is defined when the output is zero. Returns
+    /// `0.0` (nothing to flag) when the lengths differ, either side has a non-finite value (the
+    /// NaN/Inf rules report those) or both norms are zero. One pass, no allocation.
+    pub fn residual_ratio_of(input: &[f32], output: &[f32]) -> f32 {
+        if input.len() != output.len() {
+            return 0.0;
+        }
+        let (mut in_sq, mut delta_sq) = (0.0f64, 0.0f64);
+        for (&x, &y) in input.iter().zip(output) {
+            let (x, y) = (f64::from(x), f64::from(y));
+            in_sq += x * x;
+            delta_sq += (y - x) * (y - x);
+        }
+        ratio_from_norms(in_sq.sqrt(), delta_sq.sqrt())
+    }
+
+    /// Residual ratio from statistics only: the same formula as
+    /// [`residual_ratio_of`](Self::residual_ratio_of) with `‖y − x‖` replaced by its lower bound
+    ///
+    /// `‖y − x‖ ≥ √n · √((mean_y − mean_x)² + (std_y − std_x)²)`
+    ///
+    /// (per element, `‖y − x‖²/n = (Δmean)² + var(y − x)` and `var(y − x) ≥ (std_y − std_x)²` by
+    /// Cauchy–Schwarz). The result is therefore an **upper bound** of the exact ratio: equal to it
+    /// when the output is a non-negative rescaling of the input around its mean, larger when the
+    /// block rotates the residual stream without changing its spread. Residual dominance found
+    /// with it can be a false alarm; a dominance it misses cannot exist.
+    ///
+    /// Returns `0.0` when the element counts differ, either side has a NaN or Inf, or either
+    /// side is empty.
+    pub fn residual_ratio_from(input: &TensorStats, output: &TensorStats) -> f32 {
+        let clean = |s: &TensorStats| s.count > 0 && s.nan_count == 0 && s.inf_count == 0;
+        if input.count != output.count || !clean(input) || !clean(output) {
+            return 0.0;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let n = input.count as f64;
+        let d_mean = f64::from(output.mean) - f64::from(input.mean);
+        let d_std = f64::from(output.std) - f64::from(input.std);
+        let delta_lower = (n * (d_mean * d_mean + d_std * d_std)).sqrt();
+        ratio_from_norms(f64::from(input.l2_norm), delta_lower)
+    }
+
+    /// Sets `residual_ratio` to the exact value from the block's input and output values (see
+    /// [`residual_ratio_of`](Self::residual_ratio_of)); the statistics fields are left alone.
+    pub fn record_residual(&mut self, input: &[f32], output: &[f32]) {
+        self.residual_ratio = Self::residual_ratio_of(input, output);
+    }
+
+    /// The first rule this layer breaks, by severity (NaN, Inf, explosion over all stages in
+    /// data-flow order; then vanishing; then residual dominance).
+    fn first_anomaly(&self) -> Option<LayerAnomaly<'_>> {
+        let hard = self.stages().find(|(_, s)| s.has_anomaly());
+        if let Some((name, stats)) = hard {
+            let kind = if stats.nan_count > 0 {
+                ActivationAnomalyKind::Nan
+            } else if stats.inf_count > 0 {
+                ActivationAnomalyKind::Inf
+            } else {
+                ActivationAnomalyKind::Explosion
+            };
+            return Some(LayerAnomaly {
+                kind,
+                stage: Some((name, stats)),
+            });
+        }
+        if self.layer_idx >= VANISHING_WARMUP_LAYERS {
+            // `is_vanishing` needs two finite values: a single value has no spread to lose.
+            let vanishing = self.stages().find(|(_, s)| s.is_vanishing());
+            if let Some(stage) = vanishing {
+                return Some(LayerAnomaly {
+                    kind: ActivationAnomalyKind::Vanishing,
+                    stage: Some(stage),
+                });
+            }
+        }
+        (self.residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD).then_some(LayerAnomaly {
+            kind: ActivationAnomalyKind::ResidualDominance,
+            stage: None,
+        })
+    }
+
+    fn describe(&self, anomaly: &LayerAnomaly<'_>) -> String {
+        let layer = self.layer_idx;
+        match (anomaly.kind, anomaly.stage) {
+            (ActivationAnomalyKind::Nan, Some((stage, s))) => {
+                format!(
+                    "layer {layer} {stage}: NaN ({} of {} values)",
+                    s.nan_count, s.count
+                )
+            }
+            (ActivationAnomalyKind::Inf, Some((stage, s))) => {
+                format!(
+                    "layer {layer} {stage}: Inf ({} of {} values)",
+                    s.inf_count, s.count
+                )
+            }
+            // The statistics know best what overflowed; their text starts with "explosion".
+            (ActivationAnomalyKind::Explosion, Some((stage, s))) => format!(
+                "layer {layer} {stage}: {}",
+                s.anomaly_description()
+                    .unwrap_or_else(|| "explosion".to_owned())
+            ),
+            (ActivationAnomalyKind::Vanishing, Some((stage, s))) => {
+                format!("layer {layer} {stage}: vanishing (std {:e})", s.std)
+            }
+            (kind, _) => format!(
+                "layer {layer}: {kind} (residual ratio {:.4} > {RESIDUAL_DOMINANCE_THRESHOLD})",
+                self.residual_ratio
+            ),
+        }
+    }
+}
+
+#[allow(clippy::cast_possible_truncation)]
+fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
+    let total = input_norm + delta_norm;
+    if total > 0.0 && total.is_finite() {
+        (input_norm / total) as f32
+    } else {
+        0.0
+    }
+}
+
+/// All layers of one forward pass, and the verdict of the anomaly rules over them.
+///
+/// The rules, applied by [`finalize`](Self::finalize) to every recorded stage of every layer:
+///
+/// 1. **NaN** (`nan_count > 0`), **Inf** (`inf_count > 0`), **explosion** (`TensorStats::has_anomaly`
+///    without NaN/Inf: a finite value beyond ±1e6 or `std > 1e4`): any layer, any stage.
+/// 2. **Vanishing**: `TensorStats::is_vanishing` (`std < 1e-6`, at least two finite values) on
+///    any stage, in layers with `layer_idx >= VANISHING_WARMUP_LAYERS`.
+/// 3. **Residual dominance**: `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`.
+///
+/// The reported anomaly is the one in the layer with the **lowest `layer_idx`** (recording order
+/// breaks ties), because the first layer that goes wrong is where debugging starts: a NaN at
+/// layer 17 poisons every later layer. Within a layer, rule 1 beats 2 beats 3, and stages are
+/// checked in data-flow order (see [`LayerActivationTrace::stages`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelActivationTrace {
+    /// Position of the forward pass (set by `ModelTracer::begin_forward`).
+    pub position: usize,
+    /// Layers in recording order.
+    pub layers: Vec<LayerActivationTrace>,
+    /// Whether any layer broke a rule (set by `finalize`).
+    pub has_anomaly: bool,
+    /// The reported anomaly, e.g. `layer 17 post_attn: NaN (3 of 576 values)`.
+    pub anomaly_desc: Option<String>,
+    /// `layer_idx` of the reported anomaly.
+    pub anomaly_layer: Option<usize>,
+    /// Rule that produced the reported anomaly.
+    pub anomaly_kind: Option<ActivationAnomalyKind>,
+    /// How many layers broke at least one rule.
+    pub anomalous_layers: usize,
+}
+
+impl ModelActivationTrace {
+    /// An empty trace with room for `num_layers` layers.
+    pub fn with_capacity(num_layers: usize) -> Self {
+        Self {
+            layers: Vec::with_capacity(num_layers),
+            ..Self::default()
+        }
+    }
+
+    /// Appends one layer's record.
+    pub fn add_layer(&mut self, layer: LayerActivationTrace) {
+        self.layers.push(layer);
+    }
+
+    /// Runs the anomaly rules (see the type's docs) and stores the verdict. Idempotent: it can
+    /// be called again after more layers were added.
+    pub fn finalize(&mut self) {
+        let mut first: Option<(&LayerActivationTrace, LayerAnomaly<'_>)> = None;
+        let mut anomalous = 0;
+        for layer in &self.layers {
+            if let Some(anomaly) = layer.first_anomaly() {
+                anomalous += 1;
+                if first
+                    .as_ref()
+                    .is_none_or(|(f, _)| layer.layer_idx < f.layer_idx)
+                {
+                    first = Some((layer, anomaly));
+                }
+            }
+        }
+        let verdict = first.map(|(layer, a)| (layer.layer_idx, a.kind, layer.describe(&a)));
+        self.anomalous_layers = anomalous;
+        self.has_anomaly = verdict.is_some();
+        self.anomaly_layer = verdict.as_ref().map(|v| v.0);
+        self.anomaly_kind = verdict.as_ref().map(|v| v.1);
+        self.anomaly_desc = verdict.map(|v| v.2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(values: &[f32]) -> TensorStats {
+        TensorStats::from_slice(values)
+    }
+
+    fn healthy(idx: usize) -> LayerActivationTrace {
+        let mut layer = LayerActivationTrace::new(idx);
+        layer.set_stage("input", stats(&[1.0, -2.0, 3.0, 0.5]));
+        layer.set_stage("output", stats(&[2.0, -1.0, 5.0, -0.5]));
+        layer
+    }
+
+    #[test]
+    fn set_stage_fills_fields_and_keeps_other_stages_in_order() {
+        let mut layer = LayerActivationTrace::new(3);
+        layer.set_stage("post_attn", stats(&[1.0, 2.0]));
+        layer.set_stage("q_proj", stats(&[1.0]));
+        layer.set_stage("gate", stats(&[2.0]));
+        layer.set_stage("q_proj", stats(&[3.0, 4.0]));
+        assert_eq!(layer.post_attn_stats.count, 2);
+        let names: Vec<&str> = layer.other_stages.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["q_proj", "gate"]);
+        assert_eq!(layer.stage("q_proj").map(|s| s.count), Some(2));
+        assert!(layer.stage("post_ffn").is_none());
+        let order: Vec<&str> = layer.stages().map(|(n, _)| n).collect();
+        assert_eq!(order, ["post_attn", "q_proj", "gate"]);
+    }
+
+    #[test]
+    fn exact_residual_ratio() {
+        let x = [3.0, 4.0];
+        assert_eq!(LayerActivationTrace::residual_ratio_of(&x, &x), 1.0);
+        // update as large as the input
+        let y = [6.0, 8.0];
+        assert!((LayerActivationTrace::residual_ratio_of(&x, &y) - 0.5).abs() < 1e-6);
+        assert_eq!(LayerActivationTrace::residual_ratio_of(&x, &[1.0]), 0.0);
+        assert_eq!(
+            LayerActivationTrace::residual_ratio_of(&x, &[f32::NAN, 1.0]),
+            0.0
+        );
+        assert_eq!(LayerActivationTrace::residual_ratio_of(&[0.0], &[0.0]), 0.0);
+    }
+
+    #[test]
+    fn stats_ratio_is_an_upper_bound_and_exact_for_rescaling() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        // a permutation: same statistics, large change
+        let mut rotated = x.clone();
+        rotated.reverse();
+        let exact = LayerActivationTrace::residual_ratio_of(&x, &rotated);
+        let bound = LayerActivationTrace::residual_ratio_from(&stats(&x), &stats(&rotated));
+        assert!(bound >= exact);
+        assert_eq!(bound, 1.0);
+        // a rescale around the mean: the bound is exact
+        let mean = x.iter().sum::<f32>() / x.len() as f32;
+        let scaled: Vec<f32> = x.iter().map(|v| mean + 1.5 * (v - mean) + 0.25).collect();
+        let exact = LayerActivationTrace::residual_ratio_of(&x, &scaled);
+        let bound = LayerActivationTrace::residual_ratio_from(&stats(&x), &stats(&scaled));
+        assert!((bound - exact).abs() < 1e-4, "{bound} vs {exact}");
+    }
+
+    #[test]
+    fn set_stage_computes_residual_ratio_when_the_pair_is_complete() {
+        let mut layer = LayerActivationTrace::new(0);
+        layer.set_stage("output", stats(&[1.0, 2.0]));
+        assert_eq!(layer.residual_ratio, 0.0);
+        layer.set_stage("input", stats(&[1.0, 2.0]));
+        assert_eq!(layer.residual_ratio, 1.0);
+        layer.record_residual(&[1.0, 2.0], &[2.0, 1.0]);
+        assert!(layer.residual_ratio < 0.7);
+    }
+
+    #[test]
+    fn empty_layers_are_not_anomalous() {
+        let mut trace = ModelActivationTrace::with_capacity(32);
+        for i in 0..32 {
+            trace.add_layer(LayerActivationTrace::new(i));
+        }
+        trace.finalize();
+        assert!(!trace.has_anomaly);
+        assert_eq!(trace.anomalous_layers, 0);
+    }
+
+    #[test]
+    fn reports_the_lowest_layer_not_the_first_recorded_nor_the_most_severe() {
+        let mut trace = ModelActivationTrace::default();
+        for i in 0..20 {
+            let mut layer = healthy(i);
+            if i == 17 {
+                let mut v = vec![0.5f32; 576];
+                v[1] = f32::NAN;
+                v[100] = f32::NAN;
+                v[200] = f32::NAN;
+                layer.set_stage("post_attn", stats(&v));
+            }
+            if i == 19 {
+                layer.set_stage("output", stats(&[f32::INFINITY, 1.0]));
+            }
+            trace.add_layer(layer);
+        }
+        trace.finalize();
+        assert!(trace.has_anomaly);
+        assert_eq!(trace.anomaly_layer, Some(17));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(
+            trace.anomaly_desc.as_deref(),
+            Some("layer 17 post_attn: NaN (3 of 576 values)")
+        );
+        assert_eq!(trace.anomalous_layers, 2);
+
+        // recorded out of order: layer 5 (vanishing) was recorded after layer 9 (NaN)
+        let mut trace = ModelActivationTrace::default();
+        let mut nan = healthy(9);
+        nan.set_stage("post_ffn", stats(&[f32::NAN]));
+        trace.add_layer(nan);
+        let mut flat = healthy(5);
+        flat.set_stage("post_norm", stats(&[0.25; 16]));
+        trace.add_layer(flat);
+        trace.finalize();
+        assert_eq!(trace.anomaly_layer, Some(5));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
+    }
+
+    #[test]
+    fn vanishing_is_exempt_during_warmup_and_for_single_values() {
+        let mut trace = ModelActivationTrace::default();
+        for i in 0..VANISHING_WARMUP_LAYERS {
+            let mut layer = healthy(i);
+            layer.set_stage("post_norm", stats(&[1.0; 8]));
+            trace.add_layer(layer);
+        }
+        let mut single = healthy(VANISHING_WARMUP_LAYERS);
+        single.set_stage("scalar_gate", stats(&[0.3]));
+        trace.add_layer(single);
+        trace.finalize();
+        assert!(!trace.has_anomaly, "{:?}", trace.anomaly_desc);
+
+        let mut late = healthy(VANISHING_WARMUP_LAYERS);
+        late.set_stage("post_norm", stats(&[1.0; 8]));
+        trace.add_layer(late);
+        trace.finalize();
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
+        assert_eq!(trace.anomaly_layer, Some(VANISHING_WARMUP_LAYERS));
+    }
+
+    #[test]
+    fn explosion_and_residual_dominance() {
+        let mut trace = ModelActivationTrace::default();
+        let mut layer = healthy(4);
+        layer.set_stage("post_ffn", stats(&[1.0, 2e7, 3.0]));
+        trace.add_layer(layer);
+        trace.finalize();
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Explosion));
+        assert!(trace
+            .anomaly_desc
+            .as_deref()
+            .is_some_and(|d| d.starts_with("layer 4 post_ffn: explosion")));
+
+        let mut trace = ModelActivationTrace::default();
+        let mut layer = LayerActivationTrace::new(6);
+        let x = [1.0, -2.0, 3.0, 0.5];
+        let y = [1.001, -2.0, 3.0, 0.5];
+        layer.set_stage("input", stats(&x));
+        layer.set_stage("output", stats(&y));
+        layer.record_residual(&x, &y);
+        trace.add_layer(layer);
+        trace.finalize();
+        assert_eq!(
+            trace.anomaly_kind,
+            Some(ActivationAnomalyKind::ResidualDominance)
+        );
+        assert!(trace
+            .anomaly_desc
+            .as_deref()
+            .is_some_and(|d| d.starts_with("layer 6: residual dominance (residual ratio 0.99")));
+
+        // finalize is idempotent and forgets a fixed problem
+        trace.layers[0].residual_ratio = 0.5;
+        trace.finalize();
+        assert!(!trace.has_anomaly);
+        assert_eq!(trace.anomaly_desc, None);
+    }
+}

@@ -1,0 +1,307 @@
+//! How the rank of chosen tokens evolves through the layers of one forward pass (a logit lens).
+
+use serde::{Deserialize, Serialize};
+
+/// The logit and rank of one token at each layer where logits were recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogitEvolution {
+    /// Vocabulary id.
+    pub token_id: u32,
+    /// Text of the token, when the caller knows it (the tracer has no tokenizer and leaves it empty).
+    pub token_text: String,
+    /// Layer index of each record; parallel to the two vectors below.
+    pub layers: Vec<usize>,
+    /// Logit at each recorded layer (NaN and ±Inf are written to JSON as strings, see the module
+    /// `lossless_f32`, so a broken model still produces a readable trace).
+    #[serde(with = "lossless_f32")]
+    pub logits_by_layer: Vec<f32>,
+    /// Rank at each recorded layer: how many logits were strictly greater (0 = top token).
+    pub ranks_by_layer: Vec<usize>,
+}
+
+impl TokenLogitEvolution {
+    /// A token with no records yet.
+    pub fn new(token_id: u32, token_text: impl Into<String>) -> Self {
+        Self {
+            token_id,
+            token_text: token_text.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Appends a record for the layer after the previous one (layer 0 for the first record).
+    pub fn record_layer(&mut self, logit: f32, rank: usize) {
+        let layer = self.layers.last().map_or(0, |l| l + 1);
+        self.record_at_layer(layer, logit, rank);
+    }
+
+    /// Appends a record for layer `layer_idx` (for a logit lens that probes only some layers).
+    pub fn record_at_layer(&mut self, layer_idx: usize, logit: f32, rank: usize) {
+        self.layers.push(layer_idx);
+        self.logits_by_layer.push(logit);
+        self.ranks_by_layer.push(rank);
+    }
+
+    /// Rank at the last record.
+    pub fn final_rank(&self) -> Option<usize> {
+        self.ranks_by_layer.last().copied()
+    }
+
+    /// The layer (its index, from `layers`) at which this token's rank improved the most over
+    /// the previous record, improvement measured on a log scale:
+    /// `ln(1 + rank_before) − ln(1 + rank_at_layer)`.
+    ///
+    /// The log scale is what "decisive" means for a vocabulary of tens of thousands: moving from
+    /// rank 10 to rank 0 decides the output, moving from 40 000 to 30 000 does not, though the
+    /// latter is the larger absolute change. Ties go to the earliest layer. `None` when there are
+    /// fewer than two records or the rank never improved (the token was already where it ends
+    /// up before the first traced layer, or it only lost ground).
+    pub fn decisive_layer(&self) -> Option<usize> {
+        #[allow(clippy::cast_precision_loss)]
+        let log_rank = |r: usize| (r as f64).ln_1p();
+        let mut best: Option<(usize, f64)> = None;
+        for (i, pair) in self.ranks_by_layer.windows(2).enumerate() {
+            let gain = log_rank(pair[0]) - log_rank(pair[1]);
+            if gain > 0.0 && best.is_none_or(|(_, g)| gain > g) {
+                best = Some((self.layers[i + 1], gain));
+            }
+        }
+        best.map(|(layer, _)| layer)
+    }
+}
+
+/// Tracked tokens of one forward pass at one position, layer by layer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogitEvolutionTrace {
+    /// Position of the token being predicted.
+    pub position: usize,
+    /// Sampling temperature in use (metadata; ranks do not depend on it).
+    pub temperature: f32,
+    /// Nucleus sampling threshold in use (metadata).
+    pub top_p: f32,
+    /// Tracked tokens, in tracking order (the tracer's automatic choice lists them by final
+    /// rank, so the first one is the predicted token).
+    pub tracked_tokens: Vec<TokenLogitEvolution>,
+    /// Decisive layer of the predicted token (the tracked token with the best final rank,
+    /// earliest tracked on ties); set by [`finalize`](Self::finalize).
+    pub decisive_layer: Option<usize>,
+}
+
+impl LogitEvolutionTrace {
+    /// An empty trace for the token at `position`.
+    pub fn new(position: usize, temperature: f32, top_p: f32) -> Self {
+        Self {
+            position,
+            temperature,
+            top_p,
+            ..Self::default()
+        }
+    }
+
+    /// Starts tracking `token_id` (or returns the existing entry if it is tracked already).
+    pub fn track_token(
+        &mut self,
+        token_id: u32,
+        token_text: impl Into<String>,
+    ) -> &mut TokenLogitEvolution {
+        let index = match self
+            .tracked_tokens
+            .iter()
+            .position(|t| t.token_id == token_id)
+        {
+            Some(i) => i,
+            None => {
+                self.tracked_tokens
+                    .push(TokenLogitEvolution::new(token_id, token_text));
+                self.tracked_tokens.len() - 1
+            }
+        };
+        &mut self.tracked_tokens[index]
+    }
+
+    /// Records the logit and rank of every tracked token from one vocabulary row of layer
+    /// `layer_idx`. A token id outside the row gets logit NaN and rank `logits.len()`.
+    pub fn record_logits(&mut self, layer_idx: usize, logits: &[f32]) {
+        for token in &mut self.tracked_tokens {
+            let logit = logits
+                .get(token.token_id as usize)
+                .copied()
+                .unwrap_or(f32::NAN);
+            let rank = Self::compute_rank(logits, token.token_id);
+            token.record_at_layer(layer_idx, logit, rank);
+        }
+    }
+
+    /// Rank of `token_id` in `logits`: the number of logits strictly greater than its own, so
+    /// 0 is the top token and ties share a rank.
+    ///
+    /// NaN-safe: NaN logits outrank nothing; a token whose own logit is NaN ranks below every
+    /// non-NaN logit (rank = their count); a token outside the row gets `logits.len()`.
+    pub fn compute_rank(logits: &[f32], token_id: u32) -> usize {
+        let Some(&target) = logits.get(token_id as usize) else {
+            return logits.len();
+        };
+        if target.is_nan() {
+            return logits.iter().filter(|x| !x.is_nan()).count();
+        }
+        logits.iter().filter(|&&x| x > target).count()
+    }
+
+    /// The tracked token with the best final rank (earliest tracked on ties).
+    pub fn predicted_token(&self) -> Option<&TokenLogitEvolution> {
+        self.tracked_tokens
+            .iter()
+            .filter_map(|t| t.final_rank().map(|r| (r, t)))
+            .min_by_key(|(r, _)| *r)
+            .map(|(_, t)| t)
+    }
+
+    /// Sets `decisive_layer` from the predicted token. Idempotent.
+    pub fn finalize(&mut self) {
+        self.decisive_layer = self
+            .predicted_token()
+            .and_then(TokenLogitEvolution::decisive_layer);
+    }
+
+    /// Number of layer records (the same for every tracked token when recorded through
+    /// [`record_logits`](Self::record_logits)).
+    pub fn layers_recorded(&self) -> usize {
+        self.tracked_tokens
+            .iter()
+            .map(|t| t.layers.len())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Serde for `Vec<f32>` that survives JSON: finite values are numbers, NaN / inf / -inf are the
+/// strings `"NaN"`, `"inf"`, `"-inf"`. (serde_json writes non-finite floats as `null`, which does
+/// not read back as a float, and a trace of a model that produces NaN must stay readable.)
+mod lossless_f32 {
+    use serde::de::Error as _;
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(values: &[f32], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(values.len()))?;
+        for &v in values {
+            if v.is_finite() {
+                seq.serialize_element(&v)?;
+            } else if v.is_nan() {
+                seq.serialize_element("NaN")?;
+            } else if v > 0.0 {
+                seq.serialize_element("inf")?;
+            } else {
+                seq.serialize_element("-inf")?;
+            }
+        }
+        seq.end()
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f32),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
+        Vec::<Repr>::deserialize(deserializer)?
+            .into_iter()
+            .map(|r| match r {
+                Repr::Number(v) => Ok(v),
+                Repr::Text(t) => match t.as_str() {
+                    "NaN" => Ok(f32::NAN),
+                    "inf" => Ok(f32::INFINITY),
+                    "-inf" => Ok(f32::NEG_INFINITY),
+                    other => Err(D::Error::custom(format!(
+                        "expected a number, \"NaN\", \"inf\" or \"-inf\", found {other:?}"
+                    ))),
+                },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_counts_strictly_greater_and_is_nan_safe() {
+        let logits = [1.0, 5.0, 3.0, 2.0, 4.0];
+        assert_eq!(LogitEvolutionTrace::compute_rank(&logits, 1), 0);
+        assert_eq!(LogitEvolutionTrace::compute_rank(&logits, 0), 4);
+        assert_eq!(LogitEvolutionTrace::compute_rank(&[2.0, 2.0, 1.0], 1), 0);
+        let with_nan = [f32::NAN, 1.0, 3.0, f32::NAN];
+        assert_eq!(LogitEvolutionTrace::compute_rank(&with_nan, 2), 0);
+        assert_eq!(LogitEvolutionTrace::compute_rank(&with_nan, 1), 1);
+        assert_eq!(LogitEvolutionTrace::compute_rank(&with_nan, 0), 2);
+        assert_eq!(LogitEvolutionTrace::compute_rank(&with_nan, 9), 4);
+    }
+
+    #[test]
+    fn decisive_layer_uses_log_rank_gain_and_layer_indices() {
+        let mut token = TokenLogitEvolution::new(42, "hello");
+        for (logit, rank) in [(0.5, 500), (1.0, 200), (3.0, 10), (5.0, 1)] {
+            token.record_layer(logit, rank);
+        }
+        assert_eq!(token.layers, [0, 1, 2, 3]);
+        // gains: ln(501/201)=0.91, ln(201/11)=2.91, ln(11/2)=1.70
+        assert_eq!(token.decisive_layer(), Some(2));
+
+        let mut sparse = TokenLogitEvolution::new(7, "");
+        sparse.record_at_layer(10, 0.0, 100);
+        sparse.record_at_layer(20, 1.0, 0);
+        sparse.record_at_layer(29, 2.0, 0);
+        assert_eq!(sparse.decisive_layer(), Some(20));
+
+        // ties: the earliest layer
+        let mut tie = TokenLogitEvolution::new(1, "");
+        for rank in [3, 1, 3, 1] {
+            tie.record_layer(0.0, rank);
+        }
+        assert_eq!(tie.decisive_layer(), Some(1));
+
+        let mut never = TokenLogitEvolution::new(1, "");
+        never.record_layer(0.0, 0);
+        assert_eq!(never.decisive_layer(), None);
+        never.record_layer(0.0, 4);
+        assert_eq!(never.decisive_layer(), None);
+    }
+
+    #[test]
+    fn trace_records_all_tracked_tokens_and_finalizes() {
+        let mut trace = LogitEvolutionTrace::new(3, 0.7, 0.9);
+        trace.track_token(2, "b");
+        trace.track_token(0, "a");
+        assert_eq!(trace.track_token(2, "ignored").token_text, "b");
+        assert_eq!(trace.tracked_tokens.len(), 2);
+        trace.record_logits(0, &[3.0, 1.0, 0.0]);
+        trace.record_logits(5, &[0.0, 1.0, 3.0]);
+        assert_eq!(trace.tracked_tokens[0].ranks_by_layer, [2, 0]);
+        assert_eq!(trace.tracked_tokens[0].layers, [0, 5]);
+        trace.finalize();
+        assert_eq!(trace.predicted_token().map(|t| t.token_id), Some(2));
+        assert_eq!(trace.decisive_layer, Some(5));
+        assert_eq!(trace.layers_recorded(), 2);
+    }
+
+    #[test]
+    fn non_finite_logits_round_trip_through_json() {
+        let mut token = TokenLogitEvolution::new(1, "x");
+        token.record_layer(f32::NAN, 3);
+        token.record_layer(f32::INFINITY, 0);
+        token.record_layer(f32::NEG_INFINITY, 9);
+        token.record_layer(1.5, 1);
+        let json = serde_json::to_string(&token).unwrap();
+        assert!(json.contains(r#"["NaN","inf","-inf",1.5]"#), "{json}");
+        let back: TokenLogitEvolution = serde_json::from_str(&json).unwrap();
+        assert!(back.logits_by_layer[0].is_nan());
+        assert_eq!(back.logits_by_layer[1..], token.logits_by_layer[1..]);
+        assert!(serde_json::from_str::<TokenLogitEvolution>(
+            r#"{"token_id":1,"token_text":"","layers":[0],"logits_by_layer":["nope"],"ranks_by_layer":[0]}"#
+        )
+        .is_err());
+    }
+}

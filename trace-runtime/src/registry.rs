@@ -1,0 +1,119 @@
+//! The static list of tracepoints compiled into the program.
+//!
+//! Every annotated function registers its [`Tracepoint`] through `inventory` at compile time,
+//! so a program can print what it is able to trace before it runs anything.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::__private::Registered;
+
+/// What a tracepoint records. `Display` gives the lowercase name that filters use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TracepointKind {
+    /// `#[trace_model]`: one forward pass.
+    Model,
+    /// `#[trace_layer]`: one layer call.
+    Layer,
+    /// `#[trace_attention]`, `trace_attention!`: attention probabilities.
+    Attention,
+    /// `#[trace_logits]`, `trace_logits!`: logits.
+    Logits,
+    /// `#[trace_kv_cache]`: one KV-cache step.
+    KvCache,
+    /// `#[trace_quant]`: quantization error against a reference.
+    Quant,
+    /// `trace_tensor!`: an intermediate tensor, a stage of the enclosing layer.
+    Tensor,
+}
+
+impl TracepointKind {
+    /// Every kind, in the order tracepoints are sorted by.
+    pub const ALL: [TracepointKind; 7] = [
+        Self::Model,
+        Self::Layer,
+        Self::Attention,
+        Self::Logits,
+        Self::KvCache,
+        Self::Quant,
+        Self::Tensor,
+    ];
+
+    /// The lowercase name used in `Display` and in filters such as `kv_cache:*`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Layer => "layer",
+            Self::Attention => "attention",
+            Self::Logits => "logits",
+            Self::KvCache => "kv_cache",
+            Self::Quant => "quant",
+            Self::Tensor => "tensor",
+        }
+    }
+
+    /// Parses the name that [`as_str`](Self::as_str) gives.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+impl fmt::Display for TracepointKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// One annotated site in the source: an attribute on a function or an inline macro.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Tracepoint {
+    /// What the tracepoint records.
+    pub kind: TracepointKind,
+    /// `name = "..."` of the annotation, or the function name.
+    pub name: &'static str,
+    /// The annotated function (the enclosing one for inline macros).
+    pub function: &'static str,
+    /// `module_path!()` at the annotation.
+    pub module_path: &'static str,
+    /// `file!()` at the annotation.
+    pub file: &'static str,
+    /// `line!()` at the annotation.
+    pub line: u32,
+}
+
+impl Tracepoint {
+    /// Orders by kind, module, name, then location, so listings are stable across builds:
+    /// inventory's own order depends on the linker.
+    fn sort_key(&self) -> (TracepointKind, &str, &str, &str, u32) {
+        (self.kind, self.module_path, self.name, self.file, self.line)
+    }
+}
+
+impl fmt::Display for Tracepoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<9}  {}  ({}::{} at {}:{})",
+            self.kind, self.name, self.module_path, self.function, self.file, self.line
+        )
+    }
+}
+
+inventory::collect!(Registered);
+
+/// Every tracepoint compiled into the program, sorted by kind, module, name and location.
+///
+/// Empty when the `enabled` feature is off, because then no annotation emits a tracepoint.
+pub fn tracepoints() -> Vec<&'static Tracepoint> {
+    if !cfg!(feature = "enabled") {
+        return Vec::new();
+    }
+    let mut all: Vec<&'static Tracepoint> = inventory::iter::<Registered>
+        .into_iter()
+        .map(|registered| registered.0.tracepoint())
+        .collect();
+    all.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    all
+}

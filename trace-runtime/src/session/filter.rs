@@ -1,0 +1,240 @@
+//! Which tracepoints a session records, from a pattern list such as `layer:*,attention:*`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::registry::{Tracepoint, TracepointKind};
+
+/// A list of patterns that selects tracepoints.
+///
+/// Syntax: patterns separated by commas, surrounding whitespace ignored, empty entries skipped.
+/// Each pattern is `[-][kind:]glob`:
+/// * `kind` is one of `model`, `layer`, `attention`, `logits`, `kv_cache`, `quant`, `tensor`
+///   (the [`TracepointKind`] names); without it any kind matches.
+/// * `glob` matches the tracepoint's name, or, when it contains `::`, the path
+///   `module_path::function`. `*` matches any run of characters, `?` one character.
+/// * A leading `-` excludes what the pattern matches.
+///
+/// A tracepoint is admitted when it matches no exclusion and, if there is any inclusion, at
+/// least one inclusion. The empty filter admits everything. Examples: `layer:*`, `forward`,
+/// `*attn*`, `smollm::model::*`, `*,-tensor:*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceFilter {
+    patterns: Vec<Pattern>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pattern {
+    exclude: bool,
+    kind: Option<TracepointKind>,
+    glob: String,
+}
+
+/// A filter string that does not parse; says which pattern and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterError {
+    pattern: String,
+    reason: String,
+}
+
+impl fmt::Display for FilterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid trace filter pattern `{}`: {}",
+            self.pattern, self.reason
+        )
+    }
+}
+
+impl std::error::Error for FilterError {}
+
+impl TraceFilter {
+    /// The filter that admits every tracepoint.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Parses a comma-separated pattern list (syntax on [`TraceFilter`]).
+    pub fn parse(filter: &str) -> Result<Self, FilterError> {
+        let patterns = filter
+            .split(',')
+            .map(str::trim)
+            .filter(|pattern| !pattern.is_empty())
+            .map(Pattern::parse)
+            .collect::<Result<_, _>>()?;
+        Ok(Self { patterns })
+    }
+
+    /// Whether the session records `tracepoint`.
+    pub fn admits(&self, tracepoint: &Tracepoint) -> bool {
+        let mut any_include = false;
+        let mut included = false;
+        for pattern in &self.patterns {
+            if pattern.exclude {
+                if pattern.matches(tracepoint) {
+                    return false;
+                }
+            } else {
+                any_include = true;
+                included = included || pattern.matches(tracepoint);
+            }
+        }
+        included || !any_include
+    }
+}
+
+impl FromStr for TraceFilter {
+    type Err = FilterError;
+
+    fn from_str(filter: &str) -> Result<Self, Self::Err> {
+        Self::parse(filter)
+    }
+}
+
+impl Pattern {
+    fn parse(text: &str) -> Result<Self, FilterError> {
+        let error = |reason: &str| FilterError {
+            pattern: text.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let (exclude, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest.trim_start()),
+            None => (false, text),
+        };
+        let (kind, glob) = split_kind(rest).map_err(|reason| error(&reason))?;
+        if glob.is_empty() {
+            return Err(error("the glob after the kind is empty (use `*` for all)"));
+        }
+        if let Some(bad) = glob
+            .chars()
+            .find(|c| c.is_whitespace() || matches!(c, '[' | ']' | '{' | '}' | '!'))
+        {
+            return Err(error(&format!(
+                "`{bad}` is not allowed in a glob (only `*` and `?` are special)"
+            )));
+        }
+        Ok(Self {
+            exclude,
+            kind,
+            glob: glob.to_owned(),
+        })
+    }
+
+    fn matches(&self, tracepoint: &Tracepoint) -> bool {
+        if self.kind.is_some_and(|kind| kind != tracepoint.kind) {
+            return false;
+        }
+        if self.glob.contains("::") {
+            let path = format!("{}::{}", tracepoint.module_path, tracepoint.function);
+            glob_match(&self.glob, &path)
+        } else {
+            glob_match(&self.glob, tracepoint.name)
+        }
+    }
+}
+
+/// Splits `kind:glob`; a single `:` can only introduce a kind, since names never hold one and
+/// paths use `::`.
+fn split_kind(text: &str) -> Result<(Option<TracepointKind>, &str), String> {
+    match text.find(':') {
+        Some(at) if !text[at..].starts_with("::") => {
+            let kind_name = text[..at].trim();
+            let kind = TracepointKind::from_name(kind_name).ok_or_else(|| {
+                let names: Vec<&str> = TracepointKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!(
+                    "unknown kind `{kind_name}` (expected one of {})",
+                    names.join(", ")
+                )
+            })?;
+            Ok((Some(kind), text[at + 1..].trim()))
+        }
+        _ => Ok((None, text)),
+    }
+}
+
+/// Glob match with `*` and `?`, iterative with one backtrack point: linear in practice.
+fn glob_match(glob: &str, text: &str) -> bool {
+    let glob: Vec<char> = glob.chars().collect();
+    let text: Vec<char> = text.chars().collect();
+    let (mut g, mut t) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match glob.get(g) {
+            Some('*') => {
+                backtrack = Some((g, t));
+                g += 1;
+            }
+            Some(&c) if c == '?' || c == text[t] => {
+                g += 1;
+                t += 1;
+            }
+            _ => match backtrack {
+                Some((star, matched)) => {
+                    g = star + 1;
+                    t = matched + 1;
+                    backtrack = Some((star, matched + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(kind: TracepointKind, name: &'static str) -> Tracepoint {
+        Tracepoint {
+            kind,
+            name,
+            function: "forward",
+            module_path: "smollm::model",
+            file: "src/model.rs",
+            line: 1,
+        }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*", ""));
+        assert!(glob_match("*attn*", "self_attn_probs"));
+        assert!(glob_match("a?c", "abc"));
+        assert!(!glob_match("a?c", "ac"));
+        assert!(glob_match("*a*b", "xaxxab"));
+        assert!(!glob_match("forward", "forward2"));
+    }
+
+    #[test]
+    fn kinds_names_paths_and_exclusions() {
+        let filter = TraceFilter::parse("layer:*, *attn*").unwrap();
+        assert!(filter.admits(&tp(TracepointKind::Layer, "block")));
+        assert!(filter.admits(&tp(TracepointKind::Attention, "self_attn")));
+        assert!(!filter.admits(&tp(TracepointKind::Logits, "head")));
+
+        let filter = TraceFilter::parse("smollm::model::*,-tensor:*").unwrap();
+        assert!(filter.admits(&tp(TracepointKind::Layer, "x")));
+        assert!(!filter.admits(&tp(TracepointKind::Tensor, "x")));
+
+        let filter = TraceFilter::parse("-logits:*").unwrap();
+        assert!(filter.admits(&tp(TracepointKind::Layer, "x")));
+        assert!(!filter.admits(&tp(TracepointKind::Logits, "x")));
+
+        assert!(TraceFilter::parse(" , ")
+            .unwrap()
+            .admits(&tp(TracepointKind::Quant, "q")));
+    }
+
+    #[test]
+    fn invalid_patterns_are_errors() {
+        for bad in ["layers:*", "layer:", "[ab]", "a b", "kv-cache:x"] {
+            let error = TraceFilter::parse(bad).unwrap_err();
+            assert!(
+                error.to_string().contains("invalid trace filter"),
+                "{bad}: {error}"
+            );
+        }
+    }
+}

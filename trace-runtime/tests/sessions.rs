@@ -1,0 +1,456 @@
+//! Sessions driven through `__private` by hand, the way the macros' generated code calls it.
+//! The `enabled` feature decides which half runs: recording with it, the inert API without.
+
+/// With the feature off the API exists and records nothing, whatever is called.
+#[cfg(not(feature = "enabled"))]
+mod disabled {
+    use trace_runtime::__private::{
+        self, probe, Callsite, LayerGuard, ModelGuard, Registered, TracepointKind,
+    };
+    use trace_runtime::{ModelTracerConfig, Session};
+
+    static LAYER: Callsite = Callsite::new(
+        TracepointKind::Layer,
+        "block",
+        "block",
+        module_path!(),
+        file!(),
+        line!(),
+    );
+    __private::inventory::submit! { Registered(&LAYER) }
+
+    #[test]
+    fn sessions_record_nothing_and_tracepoints_are_empty() {
+        let session = Session::start(ModelTracerConfig::full());
+        assert!(!Session::is_active());
+        assert!(!LAYER.is_active());
+        let x = vec![1.0f32; 4];
+        let model = ModelGuard::enter(&LAYER, None);
+        let mut layer = LayerGuard::enter(&LAYER, None, probe!(&x));
+        layer.output(probe!(&x));
+        __private::record_stage(&LAYER, "post_norm", probe!(&x));
+        drop((layer, model));
+        assert!(session.errors().is_empty());
+        assert!(session.with_tracer(|_| ()).is_none());
+        let tracer = session.finish();
+        assert!(
+            tracer.config().trace_attention,
+            "finish returns the configuration"
+        );
+        assert!(tracer.activation_traces().is_empty());
+        assert!(trace_runtime::tracepoints().is_empty());
+        assert!(Session::with_filter(ModelTracerConfig::full(), "nope:*").is_err());
+    }
+}
+
+#[cfg(feature = "enabled")]
+mod enabled {
+    use std::sync::{Barrier, Mutex};
+
+    use trace_runtime::__private::{
+        self, probe, Callsite, KvCacheStep, LayerGuard, ModelGuard, QuantType, Registered,
+        TraceTensor, TracepointKind,
+    };
+    use trace_runtime::{ModelTracer, ModelTracerConfig, Session, TensorRef, FILTER_ENV_VAR};
+
+    /// Tests that read `MODEL_TRACE` (every `Session::start`) hold this, so that the one test that
+    /// sets it cannot leak its filter into another test running in parallel.
+    static ENV: Mutex<()> = Mutex::new(());
+
+    fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+        ENV.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A static callsite registered with inventory, as each annotation generates one.
+    macro_rules! callsite {
+        ($kind:ident, $name:literal) => {{
+            static CALLSITE: Callsite = Callsite::new(
+                TracepointKind::$kind,
+                $name,
+                "test_fn",
+                module_path!(),
+                file!(),
+                line!(),
+            );
+            __private::inventory::submit! { Registered(&CALLSITE) }
+            &CALLSITE
+        }};
+    }
+
+    /// `#[trace_layer] fn block(x: &[f32]) -> Vec<f32>` with a `trace_tensor!("post_attn", &h)`.
+    fn block(x: &[f32], panic: bool) -> Vec<f32> {
+        let cs = callsite!(Layer, "block");
+        let mut guard = if cs.is_active() {
+            LayerGuard::enter(cs, None, probe!(&x))
+        } else {
+            LayerGuard::inactive()
+        };
+        let h: Vec<f32> = x.iter().map(|v| v * 1.5 + 0.25).collect();
+        let stage = callsite!(Tensor, "post_attn");
+        if stage.is_active() {
+            __private::record_stage(stage, "post_attn", probe!(&h));
+        }
+        assert!(!panic, "layer panics on purpose");
+        let out = h;
+        if cs.is_active() {
+            guard.output(probe!(&out));
+        }
+        out
+    }
+
+    /// `#[trace_model] fn forward(x, layers)`; the layer at `panic_at` panics.
+    fn forward(x: &[f32], layers: usize, panic_at: Option<usize>) -> Vec<f32> {
+        let cs = callsite!(Model, "forward");
+        let _guard = if cs.is_active() {
+            ModelGuard::enter(cs, None)
+        } else {
+            ModelGuard::inactive()
+        };
+        let mut h = x.to_vec();
+        for layer in 0..layers {
+            h = block(&h, panic_at == Some(layer));
+        }
+        h
+    }
+
+    fn layer_indices(tracer: &ModelTracer) -> Vec<Vec<usize>> {
+        tracer
+            .activation_traces()
+            .iter()
+            .map(|pass| pass.layers.iter().map(|l| l.layer_idx).collect())
+            .collect()
+    }
+
+    const X: [f32; 8] = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5, 0.25, 3.0];
+
+    #[test]
+    fn nothing_is_recorded_without_a_session() {
+        let _env = env_lock();
+        assert!(!Session::is_active());
+        let cs = callsite!(Layer, "probe_no_session");
+        assert!(!cs.is_active());
+        forward(&X, 3, None);
+        let tracer = Session::start(ModelTracerConfig::full()).finish();
+        assert!(tracer.activation_traces().is_empty());
+    }
+
+    #[test]
+    fn layers_are_numbered_per_pass_and_record_input_output_and_stages() {
+        let _env = env_lock();
+        let session = Session::start(ModelTracerConfig::lightweight());
+        assert!(Session::is_active());
+        forward(&X, 3, None);
+        forward(&X, 3, None);
+        let tracer = session.finish();
+        assert!(!Session::is_active());
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1, 2], vec![0, 1, 2]]);
+        let first = &tracer.activation_traces()[0].layers[0];
+        assert_eq!(first.input_stats.count, 8);
+        assert_eq!(first.output_stats.count, 8);
+        assert_eq!(first.post_attn_stats, first.output_stats);
+        assert!((first.input_stats.max - 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sessions_on_two_threads_do_not_mix() {
+        let barrier = Barrier::new(2);
+        let run = |layers: usize, passes: usize| {
+            let session = Session::with_filter(ModelTracerConfig::lightweight(), "").unwrap();
+            barrier.wait();
+            for _ in 0..passes {
+                forward(&X, layers, None);
+                barrier.wait();
+            }
+            session.finish()
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| run(2, 3));
+            let b = s.spawn(|| run(5, 3));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert_eq!(layer_indices(&a), vec![vec![0, 1]; 3]);
+        assert_eq!(layer_indices(&b), vec![vec![0, 1, 2, 3, 4]; 3]);
+    }
+
+    #[test]
+    fn nothing_is_recorded_after_finish() {
+        let _env = env_lock();
+        let session = Session::start(ModelTracerConfig::lightweight());
+        let cs = callsite!(Layer, "outlives_session");
+        // A guard still open when the session finishes: its layer is closed and kept by `finish`.
+        let mut open = LayerGuard::enter(cs, Some(7), probe!(&X));
+        let first = session.finish();
+        assert_eq!(layer_indices(&first), vec![vec![7]]);
+
+        forward(&X, 2, None);
+        let second = Session::start(ModelTracerConfig::lightweight());
+        open.output(probe!(&X));
+        drop(open);
+        let second = second.finish();
+        assert!(second.activation_traces().is_empty());
+        assert_eq!(layer_indices(&first), vec![vec![7]]);
+    }
+
+    #[test]
+    fn guards_close_on_panic_and_the_next_pass_is_clean() {
+        let _env = env_lock();
+        let session = Session::start(ModelTracerConfig::lightweight());
+        let panicked = std::panic::catch_unwind(|| forward(&X, 3, Some(1)));
+        assert!(panicked.is_err());
+        forward(&X, 3, None);
+        let tracer = session.finish();
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1], vec![0, 1, 2]]);
+        let interrupted = &tracer.activation_traces()[0].layers[1];
+        assert_eq!(interrupted.input_stats.count, 8);
+        assert_eq!(
+            interrupted.output_stats.count, 0,
+            "the panicking layer has no output"
+        );
+    }
+
+    #[test]
+    fn layers_outside_a_model_pass_open_an_implicit_pass() {
+        let _env = env_lock();
+        let session = Session::start(ModelTracerConfig::lightweight());
+        block(&X, false);
+        block(&X, false);
+        forward(&X, 1, None);
+        let tracer = session.finish();
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1], vec![0]]);
+    }
+
+    #[test]
+    fn config_kinds_gate_tracepoints() {
+        let _env = env_lock();
+        let session = Session::start(ModelTracerConfig::default());
+        assert!(!callsite!(Layer, "gate_layer").is_active());
+        assert!(!callsite!(Model, "gate_model").is_active());
+        drop(session);
+
+        let session = Session::start(ModelTracerConfig::lightweight());
+        assert!(callsite!(Layer, "gate_layer2").is_active());
+        assert!(callsite!(KvCache, "gate_kv").is_active());
+        assert!(!callsite!(Attention, "gate_attn").is_active());
+        assert!(!callsite!(Logits, "gate_logits").is_active());
+        assert!(!callsite!(Quant, "gate_quant").is_active());
+        drop(session);
+    }
+
+    #[test]
+    fn filters_select_what_is_recorded() {
+        let config = ModelTracerConfig::lightweight();
+
+        let session = Session::with_filter(config.clone(), "layer:*, -tensor:*").unwrap();
+        forward(&X, 2, None);
+        let tracer = session.finish();
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1]]);
+        assert_eq!(
+            tracer.activation_traces()[0].layers[0]
+                .post_attn_stats
+                .count,
+            0
+        );
+
+        // The layer is filtered out but still numbers the stages recorded inside it.
+        let session = Session::with_filter(config.clone(), "tensor:post_*").unwrap();
+        forward(&X, 2, None);
+        let tracer = session.finish();
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1]]);
+        let layer = &tracer.activation_traces()[0].layers[1];
+        assert_eq!(layer.input_stats.count, 0);
+        assert_eq!(layer.post_attn_stats.count, 8);
+
+        let session = Session::with_filter(config.clone(), "attention:*").unwrap();
+        forward(&X, 2, None);
+        assert!(session.finish().activation_traces()[0].layers.is_empty());
+
+        let error = Session::with_filter(config, "layers:*").unwrap_err();
+        assert!(
+            error.to_string().contains("unknown kind `layers`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn model_trace_environment_variable_is_a_filter() {
+        let _env = env_lock();
+        std::env::set_var(FILTER_ENV_VAR, "-layer:block");
+        let session = Session::start(ModelTracerConfig::lightweight());
+        forward(&X, 2, None);
+        let filtered = session.finish();
+
+        std::env::set_var(FILTER_ENV_VAR, "bogus:*");
+        let invalid = Session::try_start(ModelTracerConfig::lightweight());
+        let lenient = Session::start(ModelTracerConfig::lightweight());
+        forward(&X, 1, None);
+        let errors = lenient.errors();
+        let lenient = lenient.finish();
+        std::env::remove_var(FILTER_ENV_VAR);
+
+        // `block` records no statistics of its own; the stage admitted inside it still joins it.
+        let layers = &filtered.activation_traces()[0].layers;
+        assert_eq!(layers.len(), 2);
+        assert!(layers
+            .iter()
+            .all(|l| l.input_stats.count == 0 && l.post_attn_stats.count == 8));
+        assert!(invalid.is_err());
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].message.contains("bogus"), "{}", errors[0]);
+        assert_eq!(
+            layer_indices(&lenient),
+            vec![vec![0]],
+            "an invalid filter is ignored"
+        );
+    }
+
+    #[test]
+    fn nested_sessions_shadow_the_outer_one() {
+        let outer = Session::with_filter(ModelTracerConfig::lightweight(), "").unwrap();
+        forward(&X, 1, None);
+        let inner = Session::with_filter(ModelTracerConfig::lightweight(), "").unwrap();
+        forward(&X, 2, None);
+        let inner = inner.finish();
+        forward(&X, 3, None);
+        let outer = outer.finish();
+        assert_eq!(layer_indices(&inner), vec![vec![0, 1]]);
+        assert_eq!(layer_indices(&outer), vec![vec![0], vec![0, 1, 2]]);
+    }
+
+    #[test]
+    fn dropping_a_session_discards_it() {
+        let session = Session::with_filter(ModelTracerConfig::lightweight(), "").unwrap();
+        forward(&X, 2, None);
+        drop(session);
+        assert!(!Session::is_active());
+        let tracer = Session::with_filter(ModelTracerConfig::lightweight(), "")
+            .unwrap()
+            .finish();
+        assert!(tracer.activation_traces().is_empty());
+    }
+
+    /// `#[trace_attention]` inside a layer, `#[trace_logits]` after the last one, a KV step and a
+    /// quantization site.
+    #[test]
+    fn attention_logits_kv_and_quant_hooks() {
+        let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
+        let model = callsite!(Model, "full_forward");
+        let pass = ModelGuard::enter(model, Some(5));
+        let x = vec![1.0f32; 4];
+        block(&x, false);
+        {
+            let layer = callsite!(Layer, "attn_block");
+            let _guard = LayerGuard::enter(layer, None, probe!(&x));
+            // 2 heads, 2 query rows, 3 keys: the rows are the last two positions.
+            let probs = vec![
+                0.7f32, 0.2, 0.1, 0.1, 0.1, 0.8, //
+                0.3, 0.3, 0.4, 0.0, 0.5, 0.5,
+            ];
+            let shape = [1, 2, 2, 3];
+            let probs = TensorRef::new(&probs, &shape).unwrap();
+            __private::record_attention(callsite!(Attention, "attn"), None, probe!(&probs));
+        }
+        let mut logits = vec![0.0f32; 2 * 10];
+        logits[10 + 3] = 5.0;
+        let shape = [2, 10];
+        let logits = TensorRef::new(&logits, &shape).unwrap();
+        __private::record_logits(callsite!(Logits, "head"), None, probe!(&logits));
+        __private::record_kv_cache(
+            callsite!(KvCache, "kv"),
+            KvCacheStep {
+                len: Some(3),
+                capacity: Some(16),
+                bytes: Some(1024),
+                evictions: None,
+                hit_rate: None,
+            },
+        );
+        let reference = vec![1.0f32, 2.0, 3.0];
+        let quantized = vec![1.0f32, 2.01, 2.99];
+        __private::record_quant(
+            callsite!(Quant, "matmul_q4"),
+            Some(QuantType::Q4_1),
+            probe!(&quantized),
+            probe!(&reference),
+        );
+        __private::record_attention(
+            callsite!(Attention, "not_a_tensor"),
+            Some(0),
+            probe!(&3usize),
+        );
+        drop(pass);
+        let (tracer, errors) = session.finish_with_errors();
+
+        let attention = tracer.attention_traces();
+        assert_eq!(attention.len(), 4);
+        assert!(attention.iter().all(|t| t.layer_idx == 1));
+        let rows: Vec<(usize, usize)> = attention
+            .iter()
+            .map(|t| (t.head_idx, t.query_pos))
+            .collect();
+        assert_eq!(rows, vec![(0, 1), (0, 2), (1, 1), (1, 2)]);
+        assert_eq!(attention[0].top_k_positions[0], 0);
+
+        assert_eq!(tracer.logit_traces().len(), 1);
+        assert_eq!(tracer.kv_trace().steps.len(), 1);
+        assert_eq!(tracer.kv_trace().steps[0].valid_positions, 3);
+        assert_eq!(tracer.quant_traces().len(), 1);
+
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].message.contains("not a tensor"));
+    }
+
+    fn probe_generic<T>(value: &T) -> bool {
+        probe!(&value).is_some()
+    }
+
+    fn probe_bounded<T: TraceTensor>(value: &T) -> bool {
+        probe!(&value).is_some()
+    }
+
+    #[test]
+    fn probe_reads_tensors_and_ignores_everything_else() {
+        let v = vec![1.0f32, 2.0];
+        let ok: Result<Vec<f32>, String> = Ok(v.clone());
+        let err: Result<Vec<f32>, String> = Err("no".into());
+        let some = Some(v.clone());
+        let none: Option<Vec<f32>> = None;
+        assert!(probe!(&v).is_some());
+        assert!(probe!(&&v).is_some());
+        assert!(probe!(&v.as_slice()).is_some());
+        assert!(probe!(&ok).is_some());
+        assert!(probe!(&&ok).is_some());
+        assert!(probe!(&err).is_none());
+        assert!(probe!(&some).is_some());
+        assert!(probe!(&none).is_none());
+        assert!(probe!(&Some(&v)).is_some());
+        assert!(probe!(&3usize).is_none());
+        assert!(probe!(&"text").is_none());
+        assert!(probe!(&Ok::<usize, ()>(1)).is_none());
+        assert!(
+            !probe_generic(&v),
+            "without a bound a generic value is not read"
+        );
+        assert!(probe_bounded(&v));
+        assert_eq!(probe!(&ok).unwrap().shape().as_ref(), &[2]);
+    }
+
+    #[test]
+    fn tracepoints_are_listed_sorted() {
+        let all = trace_runtime::tracepoints();
+        assert!(all
+            .iter()
+            .any(|tp| tp.name == "block" && tp.kind == TracepointKind::Layer));
+        let kinds: Vec<TracepointKind> = all.iter().map(|tp| tp.kind).collect();
+        let mut sorted = kinds.clone();
+        sorted.sort();
+        assert_eq!(kinds, sorted);
+        let line = all
+            .iter()
+            .find(|tp| tp.name == "block")
+            .unwrap()
+            .to_string();
+        assert!(line.starts_with("layer "), "{line}");
+        assert!(line.contains("(sessions::enabled::test_fn at "), "{line}");
+    }
+}
