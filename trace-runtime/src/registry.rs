@@ -73,7 +73,7 @@ pub struct Tracepoint {
     pub kind: TracepointKind,
     /// `name = "..."` of the annotation, or the function name.
     pub name: &'static str,
-    /// The annotated function (the enclosing one for inline macros).
+    /// The annotated function; empty for an inline macro outside an annotated function.
     pub function: &'static str,
     /// `module_path!()` at the annotation.
     pub module_path: &'static str,
@@ -93,11 +93,12 @@ impl Tracepoint {
 
 impl fmt::Display for Tracepoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:<9}  {}  ({}::{} at {}:{})",
-            self.kind, self.name, self.module_path, self.function, self.file, self.line
-        )
+        write!(f, "{:<9}  {}  ({}", self.kind, self.name, self.module_path)?;
+        // Inline macros outside an annotated function cannot know their function.
+        if !self.function.is_empty() {
+            write!(f, "::{}", self.function)?;
+        }
+        write!(f, " at {}:{})", self.file, self.line)
     }
 }
 
@@ -116,4 +117,38 @@ pub fn tracepoints() -> Vec<&'static Tracepoint> {
         .collect();
     all.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_one_line_with_kind_name_path_and_location() {
+        let mut tracepoint = Tracepoint {
+            kind: TracepointKind::KvCache,
+            name: "append",
+            function: "forward",
+            module_path: "smollm::cache",
+            file: "src/cache.rs",
+            line: 42,
+        };
+        assert_eq!(
+            tracepoint.to_string(),
+            "kv_cache   append  (smollm::cache::forward at src/cache.rs:42)"
+        );
+        tracepoint.function = "";
+        assert_eq!(
+            tracepoint.to_string(),
+            "kv_cache   append  (smollm::cache at src/cache.rs:42)"
+        );
+    }
+
+    #[test]
+    fn kinds_round_trip_through_their_names() {
+        for kind in TracepointKind::ALL {
+            assert_eq!(TracepointKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(TracepointKind::from_name("kv-cache"), None);
+    }
 }

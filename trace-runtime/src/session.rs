@@ -46,6 +46,11 @@ pub const FILTER_ENV_VAR: &str = "MODEL_TRACE";
 ///
 /// Not `Send`: the session lives in the thread's local state. Dropping it without `finish`
 /// discards what it recorded.
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// send(trace_runtime::Session::start(trace_runtime::ModelTracerConfig::lightweight()));
+/// ```
 #[must_use = "a session records until it is finished; dropping it discards the records"]
 pub struct Session {
     generation: u32,

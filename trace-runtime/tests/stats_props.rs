@@ -91,11 +91,20 @@ fn check(stats: &TensorStats, data: &[f32], mean_is_large: bool) -> Result<(), T
     Ok(())
 }
 
-/// Statistics from every kernel this CPU runs, the dispatched one first.
+/// Statistics from every kernel this CPU runs (the portable one always), the dispatched one
+/// first.
 fn all_kernels(data: &[f32]) -> Vec<(String, TensorStats)> {
-    let mut out = vec![("dispatched".to_string(), TensorStats::from_slice(data))];
-    out.push(("portable".into(), TensorStats::from_slice_portable(data)));
+    let mut out = vec![
+        ("dispatched".to_string(), TensorStats::from_slice(data)),
+        (
+            "portable".to_string(),
+            TensorStats::from_slice_portable(data),
+        ),
+    ];
     for kernel in StatsKernel::ALL {
+        if kernel == StatsKernel::Portable {
+            continue;
+        }
         if let Some(stats) = TensorStats::from_slice_with(data, kernel) {
             out.push((format!("{kernel:?}"), stats));
         }
@@ -147,7 +156,7 @@ fn any_value() -> impl Strategy<Value = f32> {
     ]
 }
 
-/// Slices whose lengths cross the block sizes of every kernel (128 and 256 elements).
+/// Slices whose lengths cross the block sizes of every kernel (128, 256 and 512 elements).
 fn mixed(max_len: usize) -> impl Strategy<Value = Vec<f32>> {
     prop::collection::vec(any_value(), 0..max_len)
 }
@@ -280,6 +289,36 @@ fn same(a: &TensorStats, b: &TensorStats) -> bool {
         && eq(a.mean, b.mean)
         && eq(a.std, b.std)
         && eq(a.l2_norm, b.l2_norm)
+}
+
+#[test]
+fn every_kernel_the_cpu_supports_is_detected_and_runs() {
+    let detected = StatsKernel::detected();
+    assert_eq!(detected, StatsKernel::detected(), "detection is cached");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let expected = if avx2 && is_x86_feature_detected!("avx512f") {
+            StatsKernel::Avx512
+        } else if avx2 {
+            StatsKernel::Avx2
+        } else {
+            StatsKernel::Portable
+        };
+        assert_eq!(detected, expected);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    assert_eq!(detected, StatsKernel::Portable);
+    let data = [1.0f32, -2.0, 3.5];
+    for kernel in StatsKernel::ALL {
+        let ran = TensorStats::from_slice_with(&data, kernel);
+        assert_eq!(ran.is_some(), kernel <= detected, "{kernel:?}");
+        assert_eq!(ran.is_some(), kernel.is_available(), "{kernel:?}");
+    }
+    assert_eq!(
+        TensorStats::from_slice_with(&data, detected),
+        Some(TensorStats::from_slice(&data))
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 mod error;
 pub mod model;
+pub mod report;
 pub mod tokenizer;
 pub mod weights;
 

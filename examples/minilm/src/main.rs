@@ -1,17 +1,105 @@
-//! `minilm "some sentence"`: the token ids, the start of the sentence embedding, and for every
-//! layer and head which token each token attends to most.
+//! `minilm [--trace off|lightweight|full] "some sentence"`: the token ids, the start of the
+//! sentence embedding, and for every layer and head which token each token attends to most.
+//! Built with `--features trace` it also lists the model's tracepoints at startup, runs the
+//! forward pass in a model-trace session and ends with the tracer's summary.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
-use candle_core::{Device, Tensor};
-use minilm::tokenizer::{self, Encoded};
-use minilm::{weights, Model};
+use candle_core::Device;
+use minilm::report::{token_labels, StrongestKeys};
+use minilm::{tokenizer, weights, Model};
+use model_trace::{ModelTracer, ModelTracerConfig, RecordError, Session};
 
 const DEFAULT_SENTENCE: &str = "This is an example sentence";
 const SHOWN_DIMS: usize = 8;
+const USAGE: &str = "usage: minilm [--trace off|lightweight|full] [SENTENCE]";
+
+/// How much the session records around the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TraceLevel {
+    /// No session.
+    Off,
+    /// Per-layer activation statistics and the anomaly rules.
+    Lightweight,
+    /// Also every attention row, which is where the attention lines then come from.
+    Full,
+}
+
+impl TraceLevel {
+    /// Everything, where tracing was compiled in: this example is the showcase.
+    const DEFAULT: Self = if cfg!(feature = "trace") {
+        Self::Full
+    } else {
+        Self::Off
+    };
+
+    fn config(self) -> Option<ModelTracerConfig> {
+        match self {
+            Self::Off => None,
+            Self::Lightweight => Some(ModelTracerConfig::lightweight()),
+            Self::Full => Some(ModelTracerConfig::full()),
+        }
+    }
+}
+
+struct Args {
+    text: String,
+    trace: TraceLevel,
+}
+
+/// `Err(String::new())` asks for the usage line alone (`--help`).
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut words = Vec::new();
+    let mut trace = TraceLevel::DEFAULT;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.into())),
+            _ => (arg.clone(), None),
+        };
+        match flag.as_str() {
+            "--trace" => {
+                let level = inline
+                    .or_else(|| args.next())
+                    .ok_or("--trace needs a value")?;
+                trace = match level.as_str() {
+                    "off" => TraceLevel::Off,
+                    "lightweight" => TraceLevel::Lightweight,
+                    "full" => TraceLevel::Full,
+                    other => {
+                        return Err(format!(
+                            "--trace takes off, lightweight or full, not {other:?}"
+                        ))
+                    }
+                };
+            }
+            "-h" | "--help" => return Err(String::new()),
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
+            _ => words.push(arg),
+        }
+    }
+    let text = if words.is_empty() {
+        DEFAULT_SENTENCE.to_owned()
+    } else {
+        words.join(" ")
+    };
+    Ok(Args { text, trace })
+}
 
 fn main() -> ExitCode {
-    match run() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("error: {message}");
+            }
+            eprintln!("{USAGE}   (default sentence: {DEFAULT_SENTENCE:?})");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
@@ -20,82 +108,110 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
-        println!("usage: minilm [SENTENCE]   (default: {DEFAULT_SENTENCE:?})");
-        return Ok(());
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    // Empty unless built with `--features trace`.
+    let mut report = String::new();
+    for tracepoint in model_trace::tracepoints() {
+        writeln!(report, "{tracepoint}")?;
     }
-    let text = if args.is_empty() {
-        DEFAULT_SENTENCE.to_string()
-    } else {
-        args.join(" ")
-    };
+    print_report(&report)?;
 
     let files = weights::locate_or_fetch()?;
     let device = Device::Cpu;
     let model = Model::load(&files, &device)?;
     let tokenizer = tokenizer::load(&files.tokenizer)?;
-    let encoded = tokenizer::encode(&tokenizer, &text)?;
+    let encoded = tokenizer::encode(&tokenizer, &args.text)?;
     let (ids, mask) = encoded.to_tensors(&device)?;
 
-    let (hidden, attention) = model.forward_with_attention(&ids, &mask)?;
+    let level = if cfg!(feature = "trace") || args.trace == TraceLevel::Off {
+        args.trace
+    } else {
+        eprintln!("note: built without `--features trace`; --trace has nothing to record");
+        TraceLevel::Off
+    };
+    let session = level.config().map(Session::start);
+    let forward = model.forward_with_attention(&ids, &mask);
+    let traced = session.map(Session::finish_with_errors);
+    let (hidden, attention) = forward?;
     let embedding = minilm::model::l2_normalize(&minilm::model::mean_pool(&hidden, &mask)?)?;
     let embedding: Vec<f32> = embedding.squeeze(0)?.to_vec1()?;
 
-    println!("text: {text:?}");
-    println!("tokens: {}", encoded.tokens.join(" "));
-    println!("ids: {:?}", encoded.ids);
+    let config = model.config();
+    let from_tracer = traced.as_ref().and_then(|(tracer, _)| {
+        StrongestKeys::from_traces(
+            tracer.attention_traces(),
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            encoded.ids.len(),
+        )
+    });
+    let source = if from_tracer.is_some() {
+        "the tracer's attention records"
+    } else {
+        "the captured attention probabilities"
+    };
+    let strongest = match from_tracer {
+        Some(strongest) => strongest,
+        None => StrongestKeys::from_probabilities(&attention)?,
+    };
+
+    let mut report = String::new();
+    writeln!(report, "text: {:?}", args.text)?;
+    writeln!(report, "tokens: {}", encoded.tokens.join(" "))?;
+    writeln!(report, "ids: {:?}", encoded.ids)?;
     let shown: Vec<String> = embedding
         .iter()
         .take(SHOWN_DIMS)
         .map(|v| format!("{v:.8}"))
         .collect();
-    println!(
+    writeln!(
+        report,
         "embedding ({} dims, first {}): [{}]",
         embedding.len(),
         shown.len(),
         shown.join(", ")
-    );
-    println!("strongest attention (query->key) per layer and head:");
-    let labels = token_labels(&encoded);
-    for (layer, probs) in attention.iter().enumerate() {
-        print_layer(layer, probs, &labels)?;
+    )?;
+    writeln!(
+        report,
+        "strongest attention (query->key) per layer and head:"
+    )?;
+    for line in strongest.lines(&token_labels(&encoded.tokens)) {
+        writeln!(report, "{line}")?;
+    }
+    if let Some((tracer, errors)) = &traced {
+        write_trace_report(&mut report, tracer, errors, source)?;
+    }
+    print_report(&report)
+}
+
+fn write_trace_report(
+    report: &mut String,
+    tracer: &ModelTracer,
+    errors: &[RecordError],
+    source: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    writeln!(report, "(attention lines from {source})")?;
+    write!(report, "{}", tracer.summary())?;
+    for pass in tracer.activation_traces() {
+        for layer in &pass.layers {
+            let output = &layer.output_stats;
+            writeln!(
+                report,
+                "  layer {}: output mean {:+.5} std {:.5} min {:+.4} max {:+.4}",
+                layer.layer_idx, output.mean, output.std, output.min, output.max
+            )?;
+        }
+    }
+    for error in errors {
+        eprintln!("model-trace: not recorded: {error}");
     }
     Ok(())
 }
 
-/// Tokens as they appear in the attention lines; a repeated token gets its position (`the@4`) so
-/// that every arrow points at one place.
-fn token_labels(encoded: &Encoded) -> Vec<String> {
-    let tokens = &encoded.tokens;
-    tokens
-        .iter()
-        .enumerate()
-        .map(|(position, token)| {
-            if tokens.iter().filter(|other| *other == token).count() > 1 {
-                format!("{token}@{position}")
-            } else {
-                token.clone()
-            }
-        })
-        .collect()
-}
-
-/// `probs`: `[1, heads, query, key]`.
-fn print_layer(layer: usize, probs: &Tensor, labels: &[String]) -> candle_core::Result<()> {
-    let strongest = probs.squeeze(0)?.argmax(candle_core::D::Minus1)?;
-    let strongest: Vec<Vec<u32>> = strongest.to_vec2()?;
-    for (head, keys) in strongest.iter().enumerate() {
-        let arrows: Vec<String> = keys
-            .iter()
-            .zip(labels)
-            .map(|(&key, query)| {
-                let key = labels.get(key as usize).map_or("?", String::as_str);
-                format!("{query}->{key}")
-            })
-            .collect();
-        println!("L{layer} H{head}: {}", arrows.join(" "));
+/// Writes at once; a reader that stops early (`| head`) is not an error.
+fn print_report(report: &str) -> Result<(), Box<dyn std::error::Error>> {
+    match std::io::stdout().lock().write_all(report.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }

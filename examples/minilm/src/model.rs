@@ -1,15 +1,20 @@
 //! BERT as all-MiniLM-L6-v2 uses it: post-LayerNorm encoder layers, exact (erf) GELU, absolute
 //! positions, then mean pooling and L2 normalisation into a sentence embedding.
 //!
-//! Every quantity a tracer reports is reachable on its own: `Model::forward` is the whole pass,
-//! `Layer::forward` one encoder layer, `post_attn` / `post_ffn` are named bindings inside it, and
-//! `SelfAttention::attention_probs` returns exactly the softmaxed attention.
+//! Every quantity a tracer reports is reachable on its own, and annotated for model-trace (the
+//! annotations compile to nothing unless the `trace` feature is on): `Model::forward` is the
+//! whole pass (`#[trace_model]`), `Layer::forward` one encoder layer (`#[trace_layer]`, numbered
+//! by the layer's own index), `post_attn` / `post_ffn` are named bindings inside it
+//! (`trace_tensor!`), and `SelfAttention::attention_probs` returns exactly the softmaxed
+//! attention (`#[trace_attention]`, recorded under the enclosing layer). The tracer reads batch
+//! row 0 of the attention, so a padded batch traces its first sentence.
 
 use std::cell::RefCell;
 use std::path::Path;
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
+use model_trace::{trace_attention, trace_layer, trace_model, trace_tensor};
 use serde::Deserialize;
 
 use crate::weights::ModelFiles;
@@ -46,7 +51,7 @@ impl Config {
                 self.hidden_act
             )));
         }
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if self.hidden_size.checked_rem(self.num_attention_heads) != Some(0) {
             return Err(crate::Error::Config(format!(
                 "hidden_size {} does not split into {} heads",
                 self.hidden_size, self.num_attention_heads
@@ -137,6 +142,7 @@ impl SelfAttention {
 
     /// softmax(Q Kᵀ / √d + bias) as `[batch, heads, query, key]`: each row sums to 1 over the keys.
     /// `bias` is `Model::attention_bias`, `[batch, 1, 1, key]`.
+    #[trace_attention]
     pub fn attention_probs(&self, hidden: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let query = self.split_heads(&self.query.forward(hidden)?)?;
         let key = self.split_heads(&self.key.forward(hidden)?)?;
@@ -197,16 +203,20 @@ impl Layer {
     }
 
     /// `hidden`: `[batch, seq, hidden]`; `mask`: the additive bias from `Model::attention_bias`.
-    /// Post-LN, so the layer's output is `post_ffn` itself.
+    /// Post-LN, so the layer's output is `post_ffn` itself (recorded both as the `post_ffn` stage
+    /// and as the layer's output, so the record reads like a pre-LN model's).
+    #[trace_layer(index = self.index())]
     pub fn forward(&self, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let probs = self.attention.attention_probs(hidden, mask)?;
         capture_attention(&probs);
         let context = self.attention.context(hidden, &probs)?;
         let attended = (self.attention_out.forward(&context)? + hidden)?;
         let post_attn = self.attention_norm.forward(&attended)?;
+        trace_tensor!("post_attn", &post_attn);
         let activated = self.intermediate.forward(&post_attn)?.gelu_erf()?;
         let fed_forward = (self.output.forward(&activated)? + &post_attn)?;
         let post_ffn = self.output_norm.forward(&fed_forward)?;
+        trace_tensor!("post_ffn", &post_ffn);
         Ok(post_ffn)
     }
 }
@@ -262,6 +272,8 @@ impl Model {
     }
 
     /// `ids`, `mask`: `[batch, seq]` (u32). Returns the last hidden state `[batch, seq, hidden]`.
+    /// One traced forward pass; `embed` and `forward_with_attention` run inside it.
+    #[trace_model]
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
         if ids.dims() != mask.dims() {
             candle_core::bail!(
@@ -288,6 +300,24 @@ impl Model {
         let capture = AttentionCapture::start();
         let hidden = self.forward(ids, mask)?;
         Ok((hidden, capture.finish()))
+    }
+
+    /// Fault injection for the tracer's tests: NaN in every entry of layer `index`'s attention
+    /// output bias, so that the first non-finite value of the pass appears in that layer's
+    /// `post_attn` and everything after it is poisoned too.
+    #[doc(hidden)]
+    pub fn poison_layer(&mut self, index: usize) -> Result<()> {
+        let count = self.layers.len();
+        let Some(layer) = self.layers.get_mut(index) else {
+            candle_core::bail!("no layer {index} to poison (the model has {count})");
+        };
+        let weight = layer.attention_out.weight().clone();
+        let nan = match layer.attention_out.bias() {
+            Some(bias) => Tensor::full(f32::NAN, bias.shape(), bias.device())?,
+            None => candle_core::bail!("layer {index}'s attention output has no bias"),
+        };
+        layer.attention_out = Linear::new(weight, Some(nan));
+        Ok(())
     }
 
     /// The sentence embeddings `[batch, hidden]`, unit length, as sentence-transformers defines

@@ -5,6 +5,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod model;
+pub mod report;
 pub mod tokenizer;
 pub mod weights;
 

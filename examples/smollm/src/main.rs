@@ -1,18 +1,47 @@
-//! `smollm "The capital of France is"`: greedy continuation of a prompt with SmolLM2-135M.
+//! `smollm "The capital of France is"`: greedy continuation of a prompt with SmolLM2-135M,
+//! traced by model-trace when built with `--features trace`.
 
+use model_trace::{ModelTracerConfig, Session};
 use smollm::generate::{greedy, load};
+use smollm::report::quant_figures;
 use smollm::weights;
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: smollm [--max-tokens N] [--trace off|lightweight|full] [--logit-lens] PROMPT";
+const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|full|full-noquant] \
+                     [--logit-lens] PROMPT";
 
-/// How much model-trace records; parsed now, wired to a session once the runtime lands.
+/// How much model-trace records during generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TraceLevel {
+    /// No session: the annotations only check that none is active.
     Off,
+    /// Activations and the KV cache.
     Lightweight,
+    /// Everything but the quantization error, whose f32 reference matmuls dominate `Full`'s
+    /// cost; the benchmark compares the two.
+    FullNoQuant,
     Full,
+}
+
+impl TraceLevel {
+    /// Tracing is on by default only where it was compiled in.
+    const DEFAULT: Self = if cfg!(feature = "trace") {
+        Self::Lightweight
+    } else {
+        Self::Off
+    };
+
+    fn config(self) -> Option<ModelTracerConfig> {
+        match self {
+            Self::Off => None,
+            Self::Lightweight => Some(ModelTracerConfig::lightweight()),
+            Self::FullNoQuant => Some(ModelTracerConfig {
+                trace_quant_error: false,
+                ..ModelTracerConfig::full()
+            }),
+            Self::Full => Some(ModelTracerConfig::full()),
+        }
+    }
 }
 
 struct Args {
@@ -25,7 +54,7 @@ struct Args {
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut prompt: Option<String> = None;
     let mut max_tokens = 16;
-    let mut trace = TraceLevel::Off;
+    let mut trace = TraceLevel::DEFAULT;
     let mut logit_lens = false;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
@@ -51,9 +80,10 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     "off" => TraceLevel::Off,
                     "lightweight" => TraceLevel::Lightweight,
                     "full" => TraceLevel::Full,
+                    "full-noquant" => TraceLevel::FullNoQuant,
                     other => {
                         return Err(format!(
-                            "--trace takes off, lightweight or full, not {other:?}"
+                            "--trace takes off, lightweight, full or full-noquant, not {other:?}"
                         ))
                     }
                 };
@@ -94,19 +124,42 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> smollm::Result<()> {
+    // Empty unless built with `--features trace`.
+    for tracepoint in model_trace::tracepoints() {
+        println!("{tracepoint}");
+    }
     let path = weights::locate_or_fetch()?;
     let (mut model, tokenizer) = load(&path)?;
     model.logit_lens = args.logit_lens;
-    // Phase 2 starts a model-trace session at this level.
-    let _trace = args.trace;
 
-    let generation = greedy(&mut model, &tokenizer, &args.prompt, args.max_tokens)?;
+    let level = if cfg!(feature = "trace") || args.trace == TraceLevel::Off {
+        args.trace
+    } else {
+        eprintln!("note: built without `--features trace`; --trace has nothing to record");
+        TraceLevel::Off
+    };
+    let session = level.config().map(Session::start);
+    let generation = greedy(&mut model, &tokenizer, &args.prompt, args.max_tokens);
+    let traced = session.map(Session::finish_with_errors);
+    let generation = generation?;
     println!("{}{}", args.prompt, generation.text);
 
     if args.logit_lens {
         println!("logit lens (top token per layer, first generated token):");
         for (layer, &id) in generation.prefill_lens_top.iter().enumerate() {
             println!("  layer {layer:2}: {:?}", tokenizer.decode(&[id])?);
+        }
+    }
+    if let Some((tracer, errors)) = &traced {
+        println!("{}", tracer.summary());
+        if level == TraceLevel::Full {
+            println!("quantization error per matmul kind:");
+            for site in quant_figures(tracer) {
+                println!("  {site}");
+            }
+        }
+        for error in errors {
+            eprintln!("model-trace: not recorded: {error}");
         }
     }
     match generation.median_decode() {

@@ -1,23 +1,28 @@
 //! A llama decoder (SmolLM2-135M) on candle, written so that every value model-trace annotates has a
 //! function or a `let` of its own:
 //!
-//! | future annotation                         | site                                   |
+//! | annotation                                | site                                   |
 //! |-------------------------------------------|----------------------------------------|
 //! | `#[trace_model(position = position)]`     | [`Model::forward`]                     |
 //! | `#[trace_layer]`                          | [`Block::forward`]                     |
 //! | `trace_tensor!("post_norm" / "post_attn" / "post_ffn")` | the `let`s of the same names in [`Block::forward`] |
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
 //! | `#[trace_logits]`                         | [`Model::logits`]                      |
-//! | `trace_logits!(layer = i, &l)` (logit lens) | `lens` in [`Model::forward`]         |
-//! | `#[trace_kv_cache]`                       | [`KvCache::append`]                    |
-//! | `#[trace_quant(reference = Self::forward_f32)]` | [`QuantLinear::forward`]         |
+//! | `trace_logits_value!(&lens, layer = i)` (logit lens) | `lens` in [`Model::forward`] |
+//! | `#[trace_kv_cache]`                       | [`Model::kv_cache_step`], once per forward pass |
+//! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | `QuantLinear::forward_q4_1` / `forward_q8_0` |
 //!
+//! Built without the `trace` feature the annotations are compiled out.
 //! Everything computes in f32 on the CPU; only the matmul weights stay quantized.
 
 use crate::error::{Error, Result as LoadResult};
 use crate::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use model_trace::{
+    trace_attention, trace_kv_cache, trace_layer, trace_logits, trace_logits_value, trace_model,
+    trace_quant, trace_tensor,
+};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -108,7 +113,25 @@ impl QuantLinear {
     }
 
     /// `x @ Wᵀ` with the quantized kernel: `[.., in] -> [.., out]`.
+    ///
+    /// Dispatched by format because `#[trace_quant]` takes the format at compile time: each
+    /// format gets a site of its own so its records carry the right label. SmolLM2's blocks are
+    /// Q4_1 and its tied head Q8_0; any other format runs unrecorded rather than mislabelled.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self.weight.dtype() {
+            GgmlDType::Q4_1 => self.forward_q4_1(x),
+            GgmlDType::Q8_0 => self.forward_q8_0(x),
+            _ => self.matmul.forward(x),
+        }
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q4_1, name = "q4_1_matmul")]
+    fn forward_q4_1(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q8_0, name = "q8_0_matmul")]
+    fn forward_q8_0(&self, x: &Tensor) -> Result<Tensor> {
         self.matmul.forward(x)
     }
 
@@ -342,6 +365,7 @@ impl Attention {
     /// Softmax attention probabilities `[batch, heads, q_len, k_len]` of the rotated queries
     /// `q: [batch, heads, q_len, head_dim]` over the cached keys `k: [batch, kv_heads, k_len,
     /// head_dim]`, causal: the query at `position + i` sees keys `0..=position + i`.
+    #[trace_attention]
     pub fn attention_probs(&self, q: &Tensor, k: &Tensor, position: usize) -> Result<Tensor> {
         let (batch, _, q_len, head_dim) = q.dims4()?;
         let k_len = k.dim(2)?;
@@ -409,10 +433,16 @@ impl Block {
     /// - `post_attn`: the residual stream after the attention is added, `x + attn(post_norm)`;
     /// - `post_ffn`: the MLP's output before it is added to the stream (after the add it would
     ///   be the block's output, which the layer record already holds).
+    ///
+    /// The layer's index is its call order within the forward pass.
+    #[trace_layer]
     pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
         let post_norm = self.attn_norm.forward(x)?;
+        trace_tensor!("post_norm", &post_norm);
         let post_attn = (x + self.attn.forward(&post_norm, position, cache)?)?;
+        trace_tensor!("post_attn", &post_attn);
         let post_ffn = self.mlp.forward(&self.ffn_norm.forward(&post_attn)?)?;
+        trace_tensor!("post_ffn", &post_ffn);
         &post_attn + &post_ffn
     }
 
@@ -515,6 +545,7 @@ impl Model {
     ///
     /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
     /// must equal the number of positions already cached.
+    #[trace_model(position = position)]
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
         if tokens.is_empty() {
             candle_core::bail!("forward needs at least one token");
@@ -535,16 +566,37 @@ impl Model {
         for i in 0..self.blocks.len() {
             x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
             if self.logit_lens {
-                // Future `trace_logits!(layer = i, &lens)`: block i's output read as a prediction.
-                let lens = self.logits(&last_position(&x)?)?;
+                // Block i's output read as a prediction. Not `self.logits`: that is the final
+                // head's own tracepoint, recorded as the layer after the last block.
+                let lens = self.project(&last_position(&x)?)?;
+                trace_logits_value!(&lens, layer = i);
                 self.lens.push(lens);
             }
         }
+        self.kv_cache_step();
         self.logits(&last_position(&x)?)?.squeeze(0)
     }
 
+    /// One KV-cache record per forward pass, i.e. per generated token, describing the whole
+    /// cache: positions held (every layer holds the same), the positions one layer's buffers
+    /// can hold, and the bytes of all layers' buffers. Annotating the per-layer append instead
+    /// would record 30 steps per token, each seeing one thirtieth of the memory.
+    #[trace_kv_cache(
+        len = self.cached_len(),
+        capacity = self.caches.first().map_or(0, KvCache::capacity),
+        bytes = self.caches.iter().map(KvCache::bytes).sum::<usize>(),
+    )]
+    fn kv_cache_step(&self) {}
+
     /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`.
+    #[trace_logits]
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.project(hidden)
+    }
+
+    /// What [`Model::logits`] computes, without being the final head: the logit lens reads every
+    /// layer through it.
+    fn project(&self, hidden: &Tensor) -> Result<Tensor> {
         self.head.forward(&self.norm.forward(hidden)?)
     }
 
@@ -590,6 +642,22 @@ impl Model {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Fault injection for the tests: writes a NaN into the first weight of `layer`'s attention
+    /// norm, so the NaN appears in that layer's `post_norm` and flows on from there.
+    #[doc(hidden)]
+    pub fn poison_layer(&mut self, layer: usize) -> Result<()> {
+        let Some(block) = self.blocks.get_mut(layer) else {
+            candle_core::bail!("no layer {layer} in {} layers", self.config.num_layers);
+        };
+        let weight = &block.attn_norm.weight;
+        let mut values = weight.to_vec1::<f32>()?;
+        if let Some(first) = values.first_mut() {
+            *first = f32::NAN;
+        }
+        block.attn_norm.weight = Tensor::from_vec(values, weight.dims(), weight.device())?;
+        Ok(())
     }
 }
 

@@ -126,6 +126,9 @@ impl Pattern {
             return false;
         }
         if self.glob.contains("::") {
+            if tracepoint.function.is_empty() {
+                return glob_match(&self.glob, tracepoint.module_path);
+            }
             let path = format!("{}::{}", tracepoint.module_path, tracepoint.function);
             glob_match(&self.glob, &path)
         } else {

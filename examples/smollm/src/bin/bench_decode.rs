@@ -1,0 +1,263 @@
+//! Decode speed of SmolLM2 untraced and traced at each level, measured in one run.
+//!
+//! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N]`
+//!
+//! Builds the `smollm` CLI twice in release (without and with `--features trace`), copies both
+//! binaries aside, then runs interleaved rounds of five configurations, each a fresh process
+//! that decodes `--tokens` tokens and reports its median ms/token:
+//!
+//! 1. untraced build;
+//! 2. traced build, `--trace off` (no session: the cost of annotations that find none);
+//! 3. traced build, `--trace lightweight`;
+//! 4. traced build, `--trace full-noquant`;
+//! 5. traced build, `--trace full`.
+//!
+//! Interleaving spreads drifts of the machine's load over all configurations; the order within
+//! a round rotates so none always runs first. The table reports the median over rounds of each
+//! run's median and the overhead against the untraced build. Rayon runs one thread
+//! (`RAYON_NUM_THREADS=1`) unless the variable is already set: thread scheduling noise would
+//! otherwise swamp percent-level differences.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT]";
+
+struct Args {
+    rounds: usize,
+    tokens: usize,
+    prompt: String,
+}
+
+struct Config {
+    label: &'static str,
+    traced_build: bool,
+    trace: Option<&'static str>,
+}
+
+const CONFIGS: [Config; 5] = [
+    Config {
+        label: "untraced build",
+        traced_build: false,
+        trace: None,
+    },
+    Config {
+        label: "traced build, no session (`--trace off`)",
+        traced_build: true,
+        trace: Some("off"),
+    },
+    Config {
+        label: "traced, lightweight",
+        traced_build: true,
+        trace: Some("lightweight"),
+    },
+    Config {
+        label: "traced, full without quantization",
+        traced_build: true,
+        trace: Some("full-noquant"),
+    },
+    Config {
+        label: "traced, full",
+        traced_build: true,
+        trace: Some("full"),
+    },
+];
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(msg) => {
+            eprintln!("error: {msg}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args {
+        rounds: 3,
+        tokens: 24,
+        prompt: "The capital of France is".to_owned(),
+    };
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--rounds" => parsed.rounds = parse_count(&flag, &value()?)?,
+            "--tokens" => parsed.tokens = parse_count(&flag, &value()?)?,
+            "--prompt" => parsed.prompt = value()?,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if parsed.tokens < 2 {
+        return Err("--tokens must be at least 2: the first token comes from the prefill".into());
+    }
+    Ok(parsed)
+}
+
+fn parse_count(flag: &str, value: &str) -> Result<usize, String> {
+    match value.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag} takes a positive number, not {value:?}")),
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let bench_dir = target_dir.join("bench_decode");
+    std::fs::create_dir_all(&bench_dir)
+        .map_err(|e| format!("cannot create {}: {e}", bench_dir.display()))?;
+    let untraced = build(
+        &workspace,
+        &target_dir,
+        false,
+        &bench_dir.join("smollm-untraced"),
+    )?;
+    let traced = build(
+        &workspace,
+        &target_dir,
+        true,
+        &bench_dir.join("smollm-traced"),
+    )?;
+
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".to_owned());
+    eprintln!(
+        "{} rounds x {} configurations, {} tokens each, RAYON_NUM_THREADS={threads}",
+        args.rounds,
+        CONFIGS.len(),
+        args.tokens
+    );
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+    for round in 0..args.rounds {
+        for k in 0..CONFIGS.len() {
+            let index = (round + k) % CONFIGS.len();
+            let config = &CONFIGS[index];
+            let binary = if config.traced_build {
+                &traced
+            } else {
+                &untraced
+            };
+            let ms = decode_ms_per_token(binary, config, args, &threads)?;
+            eprintln!("round {round}: {:<42} {ms:8.1} ms/token", config.label);
+            samples[index].push(ms);
+        }
+    }
+
+    let medians: Vec<f64> = samples.iter().map(|s| median(s)).collect();
+    let baseline = medians[0];
+    println!(
+        "\n| configuration | median ms/token | vs untraced | runs (ms/token) |\n|---|---:|---:|---|"
+    );
+    for ((config, median), runs) in CONFIGS.iter().zip(&medians).zip(&samples) {
+        let runs: Vec<String> = runs.iter().map(|ms| format!("{ms:.1}")).collect();
+        println!(
+            "| {} | {median:.1} | {:+.1}% | {} |",
+            config.label,
+            (median / baseline - 1.0) * 100.0,
+            runs.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `cargo build --release -p smollm --bin smollm [--features trace]`, the binary copied to `copy`
+/// so the other build does not overwrite it.
+fn build(
+    workspace: &Path,
+    target_dir: &Path,
+    traced: bool,
+    copy: &Path,
+) -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .args(["build", "--release", "-p", "smollm", "--bin", "smollm"]);
+    if traced {
+        command.args(["--features", "trace"]);
+    }
+    eprintln!("building: {command:?}");
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build failed ({status})"));
+    }
+    let built = target_dir
+        .join("release")
+        .join(format!("smollm{}", std::env::consts::EXE_SUFFIX));
+    std::fs::copy(&built, copy)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), copy.display()))?;
+    Ok(copy.to_owned())
+}
+
+/// One fresh process; its own median over the decode steps.
+fn decode_ms_per_token(
+    binary: &Path,
+    config: &Config,
+    args: &Args,
+    threads: &str,
+) -> Result<f64, String> {
+    let mut command = Command::new(binary);
+    command
+        .env("RAYON_NUM_THREADS", threads)
+        .env_remove("MODEL_TRACE")
+        .args(["--max-tokens", &args.tokens.to_string()]);
+    if let Some(trace) = config.trace {
+        command.args(["--trace", trace]);
+    }
+    command.arg(&args.prompt);
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "{} ({}) failed: {}\n{}",
+            binary.display(),
+            config.label,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps; ...)`.
+    stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("decode: ")?
+                .split_once(" ms/token")?
+                .0
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| {
+            format!(
+                "no `decode: N ms/token` line in the output of {}:\n{stdout}",
+                config.label
+            )
+        })
+}
+
+/// Median; the mean of the middle two for an even count.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
