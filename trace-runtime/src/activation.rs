@@ -40,6 +40,13 @@ pub struct LayerActivationTrace {
     /// [`LayerActivationTrace::residual_ratio_from`] for the statistics-only bound. `0.0` when
     /// not computed.
     pub residual_ratio: f32,
+    /// Whether `residual_ratio` is the exact value ([`record_residual`](Self::record_residual))
+    /// rather than the statistics-only upper bound that [`set_stage`](Self::set_stage) fills in.
+    /// Only an exact ratio can flag residual dominance: the bound is close to 1 for any layer
+    /// whose input and output have the same mean and spread, which every post-LayerNorm block
+    /// (BERT) has, so it would cry wolf on healthy models.
+    #[serde(default)]
+    pub residual_ratio_exact: bool,
     /// Stages other than the five above, by name, in recording order.
     pub other_stages: Vec<(String, TensorStats)>,
 }
@@ -57,6 +64,14 @@ pub enum ActivationAnomalyKind {
     Vanishing,
     /// `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`.
     ResidualDominance,
+}
+
+impl ActivationAnomalyKind {
+    /// NaN, Inf or explosion: a value is broken. Vanishing and residual dominance are
+    /// heuristics about a layer that may be healthy, so they never hide a broken value.
+    pub fn is_broken_value(self) -> bool {
+        matches!(self, Self::Nan | Self::Inf | Self::Explosion)
+    }
 }
 
 impl fmt::Display for ActivationAnomalyKind {
@@ -94,8 +109,9 @@ impl LayerActivationTrace {
     ///
     /// When this completes the input/output pair, `residual_ratio` is (re)computed from the two
     /// statistics with [`residual_ratio_from`](Self::residual_ratio_from), so that code which only
-    /// has statistics (the macros) still gets residual dominance checked. Call
-    /// [`record_residual`](Self::record_residual) afterwards to replace it by the exact value.
+    /// has statistics (the macros) still see how much a layer changed its input. That bound is
+    /// informative only; call [`record_residual`](Self::record_residual) afterwards to replace it
+    /// by the exact value, which is what the residual-dominance rule reads.
     pub fn set_stage(&mut self, name: &str, stats: TensorStats) {
         match name {
             "input" => self.input_stats = stats,
@@ -116,6 +132,7 @@ impl LayerActivationTrace {
             && self.output_stats.count > 0
         {
             self.residual_ratio = Self::residual_ratio_from(&self.input_stats, &self.output_stats);
+            self.residual_ratio_exact = false;
         }
     }
 
@@ -191,6 +208,7 @@ impl LayerActivationTrace {
     /// [`residual_ratio_of`](Self::residual_ratio_of)); the statistics fields are left alone.
     pub fn record_residual(&mut self, input: &[f32], output: &[f32]) {
         self.residual_ratio = Self::residual_ratio_of(input, output);
+        self.residual_ratio_exact = true;
     }
 
     /// The first rule this layer breaks, by severity (NaN, Inf, explosion over all stages in
@@ -220,7 +238,9 @@ impl LayerActivationTrace {
                 });
             }
         }
-        (self.residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD).then_some(LayerAnomaly {
+        let dominated =
+            self.residual_ratio_exact && self.residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD;
+        dominated.then_some(LayerAnomaly {
             kind: ActivationAnomalyKind::ResidualDominance,
             stage: None,
         })
@@ -276,12 +296,16 @@ fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
 ///    without NaN/Inf: a finite value beyond ±1e6 or `std > 1e4`): any layer, any stage.
 /// 2. **Vanishing**: `TensorStats::is_vanishing` (`std < 1e-6`, at least two finite values) on
 ///    any stage, in layers with `layer_idx >= VANISHING_WARMUP_LAYERS`.
-/// 3. **Residual dominance**: `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`.
+/// 3. **Residual dominance**: `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`, when the ratio is
+///    exact (`residual_ratio_exact`, set by [`LayerActivationTrace::record_residual`]).
 ///
-/// The reported anomaly is the one in the layer with the **lowest `layer_idx`** (recording order
-/// breaks ties), because the first layer that goes wrong is where debugging starts: a NaN at
-/// layer 17 poisons every later layer. Within a layer, rule 1 beats 2 beats 3, and stages are
-/// checked in data-flow order (see [`LayerActivationTrace::stages`]).
+/// Rule 1 (a broken value) beats rules 2 and 3 (a suspicious layer) across the whole pass: the
+/// reported anomaly is the rule-1 anomaly in the layer with the **lowest `layer_idx`**, and only
+/// when no layer breaks rule 1, the lowest layer breaking rule 2 or 3 (recording order breaks
+/// ties), because the first layer that goes wrong is where debugging starts: a NaN at layer 17
+/// poisons every later layer, and a heuristic flag at layer 2 must not hide it. Within a layer,
+/// rule 1 beats 2 beats 3, and stages are checked in data-flow order (see
+/// [`LayerActivationTrace::stages`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelActivationTrace {
     /// Position of the forward pass (set by `ModelTracer::begin_forward`).
@@ -322,10 +346,15 @@ impl ModelActivationTrace {
         for layer in &self.layers {
             if let Some(anomaly) = layer.first_anomaly() {
                 anomalous += 1;
-                if first
-                    .as_ref()
-                    .is_none_or(|(f, _)| layer.layer_idx < f.layer_idx)
-                {
+                let better = first.as_ref().is_none_or(|(f, current)| {
+                    let (hard, current_hard) = (
+                        anomaly.kind.is_broken_value(),
+                        current.kind.is_broken_value(),
+                    );
+                    (hard && !current_hard)
+                        || (hard == current_hard && layer.layer_idx < f.layer_idx)
+                });
+                if better {
                     first = Some((layer, anomaly));
                 }
             }
@@ -426,7 +455,7 @@ mod tests {
     }
 
     #[test]
-    fn reports_the_lowest_layer_not_the_first_recorded_nor_the_most_severe() {
+    fn reports_the_lowest_broken_layer_not_the_first_recorded() {
         let mut trace = ModelActivationTrace::default();
         for i in 0..20 {
             let mut layer = healthy(i);
@@ -452,17 +481,30 @@ mod tests {
         );
         assert_eq!(trace.anomalous_layers, 2);
 
-        // recorded out of order: layer 5 (vanishing) was recorded after layer 9 (NaN)
+        // recorded out of order: layer 5 (Inf) was recorded after layer 9 (NaN)
         let mut trace = ModelActivationTrace::default();
         let mut nan = healthy(9);
         nan.set_stage("post_ffn", stats(&[f32::NAN]));
         trace.add_layer(nan);
+        let mut inf = healthy(5);
+        inf.set_stage("post_norm", stats(&[f32::INFINITY, 0.25]));
+        trace.add_layer(inf);
+        trace.finalize();
+        assert_eq!(trace.anomaly_layer, Some(5));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Inf));
+
+        // a heuristic flag (vanishing at layer 5) never hides a broken value (NaN at layer 9)
+        let mut trace = ModelActivationTrace::default();
         let mut flat = healthy(5);
         flat.set_stage("post_norm", stats(&[0.25; 16]));
         trace.add_layer(flat);
+        let mut nan = healthy(9);
+        nan.set_stage("post_ffn", stats(&[f32::NAN]));
+        trace.add_layer(nan);
         trace.finalize();
-        assert_eq!(trace.anomaly_layer, Some(5));
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
+        assert_eq!(trace.anomaly_layer, Some(9));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(trace.anomalous_layers, 2);
     }
 
     #[test]
@@ -517,6 +559,16 @@ mod tests {
             .anomaly_desc
             .as_deref()
             .is_some_and(|d| d.starts_with("layer 6: residual dominance (residual ratio 0.99")));
+
+        // A broken value in a later layer beats a heuristic flag in an earlier one.
+        let mut nan_layer = healthy(7);
+        nan_layer.set_stage("post_attn", stats(&[1.0, f32::NAN]));
+        trace.add_layer(nan_layer);
+        trace.finalize();
+        assert_eq!(trace.anomaly_layer, Some(7));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(trace.anomalous_layers, 2);
+        trace.layers.pop();
 
         // finalize is idempotent and forgets a fixed problem
         trace.layers[0].residual_ratio = 0.5;

@@ -85,7 +85,7 @@ fn layer_activation_trace() {
         layer.output_stats = TensorStats::from_slice(&output);
         // The seed calls an undefined `compute_residual_ratio(&output, &after_attn)`; ours is
         // defined on the block's input and output (see LayerActivationTrace::residual_ratio_of).
-        layer.residual_ratio = LayerActivationTrace::residual_ratio_of(&input, &output);
+        layer.record_residual(&input, &output);
         assert!((0.0..=1.0).contains(&layer.residual_ratio));
         model_trace.add_layer(layer);
     }
@@ -119,8 +119,14 @@ fn layer_activation_trace() {
     );
     let flat = rule(5, &|l| l.output_stats = TensorStats::from_slice(&[1.0; 4]));
     assert!(flat.unwrap().contains("vanishing"));
-    let bypass = rule(3, &|l| l.residual_ratio = 0.995);
+    let bypass = rule(3, &|l| {
+        l.residual_ratio = 0.995;
+        l.residual_ratio_exact = true;
+    });
     assert!(bypass.unwrap().contains("residual dominance"));
+    // the statistics-only bound is informative and never flags a layer by itself
+    let bound = rule(3, &|l| l.residual_ratio = 0.995);
+    assert_eq!(bound, None);
 }
 
 #[test]

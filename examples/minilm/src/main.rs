@@ -191,13 +191,14 @@ fn write_trace_report(
     source: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     writeln!(report, "(attention lines from {source})")?;
-    write!(report, "{}", tracer.summary())?;
+    writeln!(report, "{}", tracer.summary().to_string().trim_end())?;
+    writeln!(report, "  Layer outputs (recorded statistics):")?;
     for pass in tracer.activation_traces() {
         for layer in &pass.layers {
             let output = &layer.output_stats;
             writeln!(
                 report,
-                "  layer {}: output mean {:+.5} std {:.5} min {:+.4} max {:+.4}",
+                "    layer {}: mean {:+.5} std {:.5} min {:+.4} max {:+.4}",
                 layer.layer_idx, output.mean, output.std, output.min, output.max
             )?;
         }

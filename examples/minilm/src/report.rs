@@ -126,13 +126,16 @@ mod tests {
             .collect();
         let traced = StrongestKeys::from_traces(&traces, 1, 1, 3).unwrap();
         assert_eq!(captured, traced);
-        assert_eq!(captured.lines(&labels()), ["L0 H0: a@0->a@0 b->a@0 a@2->a@2"]);
+        assert_eq!(
+            captured.lines(&labels()),
+            ["L0 H0: a@0->a@0 b->a@0 a@2->a@2"]
+        );
     }
 
     #[test]
     fn a_missing_row_gives_no_traced_answer() {
         let trace = AttentionWeightTrace::from_weights(0, 0, 0, &[1.0], 1);
-        assert!(StrongestKeys::from_traces(&[trace.clone()], 1, 1, 2).is_none());
+        assert!(StrongestKeys::from_traces(std::slice::from_ref(&trace), 1, 1, 2).is_none());
         assert!(StrongestKeys::from_traces(&[trace], 1, 1, 1).is_some());
     }
 }

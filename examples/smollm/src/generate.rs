@@ -40,6 +40,12 @@ impl Generation {
             n => Some((steps[n / 2 - 1] + steps[n / 2]) / 2),
         }
     }
+
+    /// The fastest decode step: on a machine shared with other work, load only ever adds time,
+    /// so this is the steadiest figure to compare builds by.
+    pub fn fastest_decode(&self) -> Option<Duration> {
+        self.decode_steps.iter().min().copied()
+    }
 }
 
 /// Greedy decoding: the prompt in one forward pass, then one token per pass through the KV cache,

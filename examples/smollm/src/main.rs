@@ -162,15 +162,16 @@ fn run(args: &Args) -> smollm::Result<()> {
             eprintln!("model-trace: not recorded: {error}");
         }
     }
-    match generation.median_decode() {
-        Some(median) => println!(
-            "decode: {:.1} ms/token (median of {} steps; prefill of {} tokens {:.1} ms)",
+    match (generation.median_decode(), generation.fastest_decode()) {
+        (Some(median), Some(fastest)) => println!(
+            "decode: {:.1} ms/token (median of {} steps, fastest {:.1} ms; prefill of {} tokens {:.1} ms)",
             median.as_secs_f64() * 1e3,
             generation.decode_steps.len(),
+            fastest.as_secs_f64() * 1e3,
             generation.prompt_ids.len(),
             generation.prefill.as_secs_f64() * 1e3
         ),
-        None => println!("decode: no decode steps (--max-tokens below 2 or immediate EOS)"),
+        _ => println!("decode: no decode steps (--max-tokens below 2 or immediate EOS)"),
     }
     Ok(())
 }

@@ -14,7 +14,9 @@
 //!
 //! Interleaving spreads drifts of the machine's load over all configurations; the order within
 //! a round rotates so none always runs first. The table reports the median over rounds of each
-//! run's median and the overhead against the untraced build. Rayon runs one thread
+//! run's median and the overhead against the untraced build, and next to it the fastest single
+//! step seen: load only ever adds time, so on a shared machine the fastest step is the steadier
+//! comparison. Rayon runs one thread
 //! (`RAYON_NUM_THREADS=1`) unless the variable is already set: thread scheduling noise would
 //! otherwise swamp percent-level differences.
 
@@ -136,7 +138,7 @@ fn run(args: &Args) -> Result<(), String> {
         CONFIGS.len(),
         args.tokens
     );
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+    let mut samples: Vec<Vec<DecodeTime>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..args.rounds {
         for k in 0..CONFIGS.len() {
             let index = (round + k) % CONFIGS.len();
@@ -146,23 +148,44 @@ fn run(args: &Args) -> Result<(), String> {
             } else {
                 &untraced
             };
-            let ms = decode_ms_per_token(binary, config, args, &threads)?;
-            eprintln!("round {round}: {:<42} {ms:8.1} ms/token", config.label);
-            samples[index].push(ms);
+            let time = decode_time(binary, config, args, &threads)?;
+            eprintln!(
+                "round {round}: {:<42} {:8.1} ms/token (fastest step {:.1} ms)",
+                config.label, time.median_ms, time.fastest_ms
+            );
+            samples[index].push(time);
         }
     }
 
-    let medians: Vec<f64> = samples.iter().map(|s| median(s)).collect();
-    let baseline = medians[0];
+    let medians: Vec<f64> = samples
+        .iter()
+        .map(|runs| median(&runs.iter().map(|t| t.median_ms).collect::<Vec<_>>()))
+        .collect();
+    let fastest: Vec<f64> = samples
+        .iter()
+        .map(|runs| {
+            runs.iter()
+                .map(|t| t.fastest_ms)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let (base_median, base_fastest) = (medians[0], fastest[0]);
     println!(
-        "\n| configuration | median ms/token | vs untraced | runs (ms/token) |\n|---|---:|---:|---|"
+        "\n| configuration | median ms/token | vs untraced | fastest step ms | vs untraced | \
+         per-run medians |\n|---|---:|---:|---:|---:|---|"
     );
-    for ((config, median), runs) in CONFIGS.iter().zip(&medians).zip(&samples) {
-        let runs: Vec<String> = runs.iter().map(|ms| format!("{ms:.1}")).collect();
+    for (i, config) in CONFIGS.iter().enumerate() {
+        let runs: Vec<String> = samples[i]
+            .iter()
+            .map(|t| format!("{:.1}", t.median_ms))
+            .collect();
         println!(
-            "| {} | {median:.1} | {:+.1}% | {} |",
+            "| {} | {:.1} | {:+.1}% | {:.1} | {:+.1}% | {} |",
             config.label,
-            (median / baseline - 1.0) * 100.0,
+            medians[i],
+            (medians[i] / base_median - 1.0) * 100.0,
+            fastest[i],
+            (fastest[i] / base_fastest - 1.0) * 100.0,
             runs.join(", ")
         );
     }
@@ -201,13 +224,19 @@ fn build(
     Ok(copy.to_owned())
 }
 
-/// One fresh process; its own median over the decode steps.
-fn decode_ms_per_token(
+#[derive(Debug, Clone, Copy)]
+struct DecodeTime {
+    median_ms: f64,
+    fastest_ms: f64,
+}
+
+/// One fresh process; the median and the fastest of its decode steps.
+fn decode_time(
     binary: &Path,
     config: &Config,
     args: &Args,
     threads: &str,
-) -> Result<f64, String> {
+) -> Result<DecodeTime, String> {
     let mut command = Command::new(binary);
     command
         .env("RAYON_NUM_THREADS", threads)
@@ -230,15 +259,16 @@ fn decode_ms_per_token(
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps; ...)`.
+    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps, fastest 120.2 ms; ...)`.
     stdout
         .lines()
         .find_map(|line| {
-            line.strip_prefix("decode: ")?
-                .split_once(" ms/token")?
-                .0
-                .parse()
-                .ok()
+            let (median, rest) = line.strip_prefix("decode: ")?.split_once(" ms/token")?;
+            let (_, fastest) = rest.split_once("fastest ")?;
+            Some(DecodeTime {
+                median_ms: median.parse().ok()?,
+                fastest_ms: fastest.split_once(" ms")?.0.parse().ok()?,
+            })
         })
         .ok_or_else(|| {
             format!(
