@@ -505,7 +505,12 @@ pub fn record_quant(
         return;
     };
     let quant = quant.unwrap_or_else(|| quant_from_dtype(quantized.dtype_name()));
-    let layer = state::with_active(|session| session.enclosing_layer().unwrap_or(0)).unwrap_or(0);
+    let layer = state::with_active(|session| {
+        session
+            .enclosing_layer()
+            .unwrap_or_else(|| session.final_layer())
+    })
+    .unwrap_or(0);
     let site = cs.tracepoint().name;
     let mut trace = Err(String::new());
     let read = quantized.with_f32(&mut |q| {

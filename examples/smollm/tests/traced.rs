@@ -197,6 +197,8 @@ fn every_quantized_matmul_reports_its_error() {
         }
         assert_eq!(head[0].site, "q8_0_matmul");
         assert_eq!(head[0].quant_type, QuantType::Q8_0);
+        // outside any layer, like the final logits: one past the last block
+        assert_eq!(head[0].layer_idx, 30);
         assert_eq!(head[0].num_elements, run.config.vocab_size);
         for trace in &pass.traces {
             assert_eq!(trace.non_finite, 0);

@@ -82,6 +82,25 @@ impl TraceFilter {
         }
         included || !any_include
     }
+
+    /// Whether some tracepoint of `kind` could be admitted. Conservative: `false` only when
+    /// every include pattern names another kind, or an exclusion drops the whole kind.
+    pub fn may_admit_kind(&self, kind: TracepointKind) -> bool {
+        let mut any_include = false;
+        let mut kind_included = false;
+        for pattern in &self.patterns {
+            let same_kind = pattern.kind.is_none_or(|k| k == kind);
+            if pattern.exclude {
+                if pattern.kind == Some(kind) && pattern.glob == "*" {
+                    return false;
+                }
+            } else {
+                any_include = true;
+                kind_included = kind_included || same_kind;
+            }
+        }
+        kind_included || !any_include
+    }
 }
 
 impl FromStr for TraceFilter {
@@ -208,6 +227,20 @@ mod tests {
         assert!(!glob_match("a?c", "ac"));
         assert!(glob_match("*a*b", "xaxxab"));
         assert!(!glob_match("forward", "forward2"));
+    }
+
+    #[test]
+    fn may_admit_kind_is_false_only_when_no_pattern_can_admit_the_kind() {
+        let kv_only = TraceFilter::parse("kv_cache:*").unwrap();
+        assert!(kv_only.may_admit_kind(TracepointKind::KvCache));
+        assert!(!kv_only.may_admit_kind(TracepointKind::Attention));
+        assert!(!kv_only.may_admit_kind(TracepointKind::Tensor));
+        let by_name = TraceFilter::parse("*attn*").unwrap();
+        assert!(by_name.may_admit_kind(TracepointKind::Tensor));
+        let no_stages = TraceFilter::parse("-tensor:*").unwrap();
+        assert!(!no_stages.may_admit_kind(TracepointKind::Tensor));
+        assert!(no_stages.may_admit_kind(TracepointKind::Layer));
+        assert!(TraceFilter::all().may_admit_kind(TracepointKind::Quant));
     }
 
     #[test]

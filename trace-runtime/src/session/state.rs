@@ -148,10 +148,14 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
             }
         }
         TracepointKind::Layer => {
-            let needs_context = config.trace_activations
-                || config.trace_attention
-                || config.trace_logits
-                || config.trace_quant_error;
+            // A layer the filter drops still runs (numbering, enclosing index) when something
+            // recorded inside it may be admitted; otherwise it costs a load and a branch.
+            let may = |on: bool, kind| on && filter.may_admit_kind(kind);
+            let needs_context = may(config.trace_activations, TracepointKind::Tensor)
+                || may(config.trace_activations, TracepointKind::Layer)
+                || may(config.trace_attention, TracepointKind::Attention)
+                || may(config.trace_logits, TracepointKind::Logits)
+                || may(config.trace_quant_error, TracepointKind::Quant);
             match (needs_context, config.trace_activations && admitted) {
                 (false, _) => 0,
                 (true, false) => RUN,
