@@ -9,7 +9,7 @@
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
 //! | `#[trace_logits]`                         | [`Model::logits`]                      |
 //! | `trace_logits_value!(&lens, layer = i)` (logit lens) | `lens` in [`Model::forward`] |
-//! | `#[trace_kv_cache]`                       | [`Model::kv_cache_step`], once per forward pass |
+//! | `#[trace_kv_cache]`                       | `Model::kv_cache_step`, once per forward pass |
 //! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | `QuantLinear::forward_q4_1` / `forward_q8_0` |
 //!
 //! Built without the `trace` feature the annotations are compiled out.
