@@ -1,6 +1,6 @@
 //! Decode speed of SmolLM2 untraced and traced at each level, measured in one run.
 //!
-//! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N]`
+//! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N] [--instructions]`
 //!
 //! Builds the `smollm` CLI twice in release (without and with `--features trace`), copies both
 //! binaries aside, then runs interleaved rounds of five configurations, each a fresh process
@@ -19,16 +19,28 @@
 //! comparison. Rayon runs one thread
 //! (`RAYON_NUM_THREADS=1`) unless the variable is already set: thread scheduling noise would
 //! otherwise swamp percent-level differences.
+//!
+//! With `--instructions` it counts instead of timing: each configuration runs once under
+//! `valgrind --tool=cachegrind --cache-sim=no` decoding 2 tokens and once decoding `--tokens`, and
+//! the difference of the two instruction totals divided by the difference in decode steps is the
+//! count per decode token, with loading and prefill cancelled out. The count repeats to a few
+//! parts per million whatever else the machine runs, so it settles sub-percent differences that
+//! wall-clock time on a shared machine cannot. Valgrind hides AVX-512 from the program, so the
+//! statistics kernels run their AVX2 versions there: the counted overhead slightly overstates
+//! the native one.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT]";
+const USAGE: &str =
+    "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] [--instructions]";
 
 struct Args {
     rounds: usize,
     tokens: usize,
     prompt: String,
+    /// Count instructions under cachegrind instead of timing.
+    instructions: bool,
 }
 
 struct Config {
@@ -87,6 +99,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         rounds: 3,
         tokens: 24,
         prompt: "The capital of France is".to_owned(),
+        instructions: false,
     };
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -94,11 +107,17 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--rounds" => parsed.rounds = parse_count(&flag, &value()?)?,
             "--tokens" => parsed.tokens = parse_count(&flag, &value()?)?,
             "--prompt" => parsed.prompt = value()?,
+            "--instructions" => parsed.instructions = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     if parsed.tokens < 2 {
         return Err("--tokens must be at least 2: the first token comes from the prefill".into());
+    }
+    if parsed.instructions && parsed.tokens < 3 {
+        return Err(
+            "--instructions needs --tokens of at least 3: it subtracts a 2-token run".into(),
+        );
     }
     Ok(parsed)
 }
@@ -132,6 +151,9 @@ fn run(args: &Args) -> Result<(), String> {
     )?;
 
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".to_owned());
+    if args.instructions {
+        return count_instructions(&untraced, &traced, args, &threads);
+    }
     eprintln!(
         "{} rounds x {} configurations, {} tokens each, RAYON_NUM_THREADS={threads}",
         args.rounds,
@@ -190,6 +212,117 @@ fn run(args: &Args) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// One cachegrind run per configuration and token count; prints the count per decode token.
+fn count_instructions(
+    untraced: &Path,
+    traced: &Path,
+    args: &Args,
+    threads: &str,
+) -> Result<(), String> {
+    eprintln!(
+        "{} configurations under cachegrind, 2 and {} tokens each, RAYON_NUM_THREADS={threads}",
+        CONFIGS.len(),
+        args.tokens
+    );
+    let mut per_token = Vec::with_capacity(CONFIGS.len());
+    for config in &CONFIGS {
+        let binary = if config.traced_build {
+            traced
+        } else {
+            untraced
+        };
+        let short = counted_run(binary, config, &args.prompt, 2, threads)?;
+        let long = counted_run(binary, config, &args.prompt, args.tokens, threads)?;
+        if long.decode_steps <= short.decode_steps {
+            return Err(format!(
+                "{}: {} tokens gave no more decode steps than 2 (end of text reached?); \
+                 try another --prompt",
+                config.label, args.tokens
+            ));
+        }
+        let count = long.instructions.saturating_sub(short.instructions) as f64
+            / (long.decode_steps - short.decode_steps) as f64;
+        eprintln!(
+            "{:<42} {:>14.0} instructions per decode token",
+            config.label, count
+        );
+        per_token.push(count);
+    }
+    let base = per_token[0];
+    println!("\n| configuration | instructions per decode token | vs untraced |\n|---|---:|---:|");
+    for (config, count) in CONFIGS.iter().zip(&per_token) {
+        println!(
+            "| {} | {:.0} | {:+.3}% |",
+            config.label,
+            count,
+            (count / base - 1.0) * 100.0
+        );
+    }
+    Ok(())
+}
+
+struct CountedRun {
+    instructions: u64,
+    decode_steps: usize,
+}
+
+/// `valgrind --tool=cachegrind --cache-sim=no BINARY --max-tokens TOKENS ...`: the program's
+/// total instruction count and how many decode steps it ran.
+fn counted_run(
+    binary: &Path,
+    config: &Config,
+    prompt: &str,
+    tokens: usize,
+    threads: &str,
+) -> Result<CountedRun, String> {
+    let mut command = Command::new("valgrind");
+    command
+        .env("RAYON_NUM_THREADS", threads)
+        .env_remove("MODEL_TRACE")
+        .args([
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+        ])
+        .arg(binary)
+        .args(["--max-tokens", &tokens.to_string()]);
+    if let Some(trace) = config.trace {
+        command.args(["--trace", trace]);
+    }
+    command.arg(prompt);
+    let output = command.output().map_err(|e| {
+        format!("cannot run valgrind ({e}); install it (Debian: apt-get install valgrind) or drop --instructions")
+    })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!(
+            "{} under valgrind failed: {}\n{stderr}",
+            config.label, output.status
+        ));
+    }
+    // Cachegrind's summary line: `==123== I   refs:      6,470,750,376`.
+    let instructions = stderr
+        .lines()
+        .find_map(|line| {
+            let (_, count) = line.split_once("I   refs:")?;
+            count.trim().replace(',', "").parse().ok()
+        })
+        .ok_or_else(|| format!("no `I refs` line in cachegrind's output:\n{stderr}"))?;
+    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps, ...)`.
+    let decode_steps = stdout
+        .lines()
+        .find_map(|line| {
+            let (_, rest) = line.strip_prefix("decode: ")?.split_once("median of ")?;
+            rest.split_once(" steps")?.0.parse().ok()
+        })
+        .ok_or_else(|| format!("no `decode: ... median of N steps` line in:\n{stdout}"))?;
+    Ok(CountedRun {
+        instructions,
+        decode_steps,
+    })
 }
 
 /// `cargo build --release -p smollm --bin smollm [--features trace]`, the binary copied to `copy`
