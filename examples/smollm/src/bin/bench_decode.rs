@@ -160,7 +160,7 @@ fn run(args: &Args) -> Result<(), String> {
         CONFIGS.len(),
         args.tokens
     );
-    let mut samples: Vec<Vec<DecodeTime>> = vec![Vec::new(); CONFIGS.len()];
+    let mut samples: Vec<Vec<DecodeLine>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..args.rounds {
         for k in 0..CONFIGS.len() {
             let index = (round + k) % CONFIGS.len();
@@ -279,30 +279,15 @@ fn counted_run(
 ) -> Result<CountedRun, String> {
     let mut command = Command::new("valgrind");
     command
-        .env("RAYON_NUM_THREADS", threads)
-        .env_remove("MODEL_TRACE")
         .args([
             "--tool=cachegrind",
             "--cache-sim=no",
             "--cachegrind-out-file=/dev/null",
         ])
-        .arg(binary)
-        .args(["--max-tokens", &tokens.to_string()]);
-    if let Some(trace) = config.trace {
-        command.args(["--trace", trace]);
-    }
-    command.arg(prompt);
-    let output = command.output().map_err(|e| {
-        format!("cannot run valgrind ({e}); install it (Debian: apt-get install valgrind) or drop --instructions")
+        .arg(binary);
+    let (decode, stderr) = run_smollm(command, config, prompt, tokens, threads).map_err(|e| {
+        format!("{e}\n(--instructions needs valgrind: Debian's package `valgrind`)")
     })?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        return Err(format!(
-            "{} under valgrind failed: {}\n{stderr}",
-            config.label, output.status
-        ));
-    }
     // Cachegrind's summary line: `==123== I   refs:      6,470,750,376`.
     let instructions = stderr
         .lines()
@@ -311,17 +296,9 @@ fn counted_run(
             count.trim().replace(',', "").parse().ok()
         })
         .ok_or_else(|| format!("no `I refs` line in cachegrind's output:\n{stderr}"))?;
-    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps, ...)`.
-    let decode_steps = stdout
-        .lines()
-        .find_map(|line| {
-            let (_, rest) = line.strip_prefix("decode: ")?.split_once("median of ")?;
-            rest.split_once(" steps")?.0.parse().ok()
-        })
-        .ok_or_else(|| format!("no `decode: ... median of N steps` line in:\n{stdout}"))?;
     Ok(CountedRun {
         instructions,
-        decode_steps,
+        decode_steps: decode.steps,
     })
 }
 
@@ -357,58 +334,83 @@ fn build(
     Ok(copy.to_owned())
 }
 
+/// The CLI's summary line:
+/// `decode: 131.4 ms/token (median of 23 steps, fastest 120.2 ms; prefill ...)`.
 #[derive(Debug, Clone, Copy)]
-struct DecodeTime {
+struct DecodeLine {
     median_ms: f64,
+    steps: usize,
     fastest_ms: f64,
 }
 
-/// One fresh process; the median and the fastest of its decode steps.
+impl DecodeLine {
+    fn find(stdout: &str) -> Option<Self> {
+        stdout.lines().find_map(|line| {
+            let (median, rest) = line.strip_prefix("decode: ")?.split_once(" ms/token")?;
+            let (steps, rest) = rest.strip_prefix(" (median of ")?.split_once(" steps")?;
+            let (_, fastest) = rest.split_once("fastest ")?;
+            Some(Self {
+                median_ms: median.parse().ok()?,
+                steps: steps.parse().ok()?,
+                fastest_ms: fastest.split_once(" ms")?.0.parse().ok()?,
+            })
+        })
+    }
+}
+
+/// One fresh process of the CLI timing its own decode steps.
 fn decode_time(
     binary: &Path,
     config: &Config,
     args: &Args,
     threads: &str,
-) -> Result<DecodeTime, String> {
-    let mut command = Command::new(binary);
+) -> Result<DecodeLine, String> {
+    run_smollm(
+        Command::new(binary),
+        config,
+        &args.prompt,
+        args.tokens,
+        threads,
+    )
+    .map(|(decode, _)| decode)
+}
+
+/// Finishes `command` (the CLI, or a wrapper with the CLI as its last argument so far) with the
+/// configuration's arguments, runs it, and returns its `decode:` line and its stderr.
+fn run_smollm(
+    mut command: Command,
+    config: &Config,
+    prompt: &str,
+    tokens: usize,
+    threads: &str,
+) -> Result<(DecodeLine, String), String> {
     command
         .env("RAYON_NUM_THREADS", threads)
         .env_remove("MODEL_TRACE")
-        .args(["--max-tokens", &args.tokens.to_string()]);
+        .args(["--max-tokens", &tokens.to_string()]);
     if let Some(trace) = config.trace {
         command.args(["--trace", trace]);
     }
-    command.arg(&args.prompt);
+    command.arg(prompt);
+    let program = command.get_program().to_string_lossy().into_owned();
     let output = command
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     if !output.status.success() {
         return Err(format!(
-            "{} ({}) failed: {}\n{}",
-            binary.display(),
-            config.label,
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
+            "{program} ({}) failed: {}\n{stderr}",
+            config.label, output.status
         ));
     }
-    // The CLI's line: `decode: 131.4 ms/token (median of 23 steps, fastest 120.2 ms; ...)`.
-    stdout
-        .lines()
-        .find_map(|line| {
-            let (median, rest) = line.strip_prefix("decode: ")?.split_once(" ms/token")?;
-            let (_, fastest) = rest.split_once("fastest ")?;
-            Some(DecodeTime {
-                median_ms: median.parse().ok()?,
-                fastest_ms: fastest.split_once(" ms")?.0.parse().ok()?,
-            })
-        })
-        .ok_or_else(|| {
-            format!(
-                "no `decode: N ms/token` line in the output of {}:\n{stdout}",
-                config.label
-            )
-        })
+    let decode = DecodeLine::find(&stdout).ok_or_else(|| {
+        format!(
+            "no `decode: N ms/token (median of N steps, fastest N ms` line in the output of {}:\n{stdout}",
+            config.label
+        )
+    })?;
+    Ok((decode, stderr))
 }
 
 /// Median; the mean of the middle two for an even count.
