@@ -23,7 +23,7 @@
 //! With `--instructions` it counts instead of timing: each configuration runs once under
 //! `valgrind --tool=cachegrind --cache-sim=no` decoding 2 tokens and once decoding `--tokens`, and
 //! the difference of the two instruction totals divided by the difference in decode steps is the
-//! count per decode token, with loading and prefill cancelled out. The count repeats to a few
+//! count per decode token, with loading and prefill cancelled out. The count repeats to tens of
 //! parts per million whatever else the machine runs, so it settles sub-percent differences that
 //! wall-clock time on a shared machine cannot. Valgrind hides AVX-512 from the program, so the
 //! statistics kernels run their AVX2 versions there: the counted overhead slightly overstates
