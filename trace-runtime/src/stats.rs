@@ -92,10 +92,12 @@ impl TensorStats {
     /// Runs the widest kernel this CPU supports (AVX-512F, AVX2 with FMA, or portable code),
     /// chosen once per process. Against an exact `f64` computation, `l2_norm` is within 1e-6
     /// relative, `std` within 1e-5 and `mean` within 1e-6 of `max(|mean|, std)` (in tests the
-    /// error is ~1e-7, the rounding of the `f32` result). A block of a few hundred elements that holds a
-    /// NaN or ±Inf is summed a second time without them, so NaN scattered all over costs up to
-    /// ~4x finite data; finite values beyond 1.8e19 (whose squares overflow `f32`) fall back to
-    /// scalar `f64`, ~15x.
+    /// error is ~1e-7, the rounding of the `f32` result), beyond the rounding of the exact value
+    /// to `f32` (coarser than 1e-7 below 1.2e-38, `f32`'s subnormal range). A block of a few
+    /// hundred elements that holds a NaN or ±Inf is summed a second time without them, so NaN
+    /// scattered all over costs up to ~4x finite data; finite values beyond 1.8e19 (whose squares
+    /// overflow `f32`) fall back to scalar `f64`, ~15x, and so does a slice whose finite values
+    /// are all below 9.1e-13 in magnitude, but not all zero (their squares would underflow).
     #[must_use]
     pub fn from_slice(data: &[f32]) -> Self {
         kernel::reduce(data).into_stats(data.len())

@@ -11,6 +11,11 @@
 //! pass (`Cleaned`; ~4x the cost of a finite block), and element by element in `f64` only if a
 //! finite square overflowed (`Totals::add_exact`; values beyond 1.8e19, an explosion anyway).
 //!
+//! Squares of values below ~1e-19 underflow `f32`. When every finite value of the slice is below
+//! 9.1e-13 (and not all are zero) the whole slice is summed again in `f64`
+//! (`exact_if_tiny`): only such data can lose digits to underflow, since a larger value's square
+//! dwarfs the lost ones.
+//!
 //! `shift` is a sample mean of the block, so that `Σ d²` stays small when the mean is large
 //! compared to the spread (the classic loss of precision of `E[x²] - E[x]²`), also when the data
 //! drifts from one block to the next. `Σ x²` (for the norm) is summed unshifted: a sum of
@@ -100,13 +105,40 @@ fn detect() -> StatsKernel {
     StatsKernel::Portable
 }
 
+/// Below this largest magnitude, squares of the data may fall into `f32`'s subnormal range
+/// (below 1.2e-38), where they keep fewer than 24 bits: `2^-40` ≈ 9.1e-13, so that the sums of
+/// squares of data at least this large are at least `2^-80` and the absolute rounding of squares
+/// that do fall there (at most `2^-150` each) stays below `1e-6` relative up to `2^50` elements.
+/// Deviations from the mean are multiples of an `ulp` no finer than `2^-64` for such data, so
+/// their squares are exact even when subnormal.
+const SMALLEST_FAST_MAGNITUDE: f32 = 1.0 / (1u64 << 40) as f32;
+
 /// Reduces `data` with `kernel`, or `None` when this CPU cannot run it.
 pub(super) fn reduce_with(data: &[f32], kernel: StatsKernel) -> Option<Totals> {
+    reduce_in_f32_lanes(data, kernel).map(|totals| exact_if_tiny(totals, data))
+}
+
+/// Redoes the reduction in `f64` when every finite value is tiny but not all are zero (see
+/// [`SMALLEST_FAST_MAGNITUDE`]): the `f32` squares would have underflowed, so `l2_norm` and
+/// `std` would have lost digits or come out as zero. Costs one comparison otherwise.
+fn exact_if_tiny(totals: Totals, data: &[f32]) -> Totals {
+    // `min` is +Inf and `max` -Inf when there is no finite value: never tiny.
+    let largest = totals.min.abs().max(totals.max.abs());
+    if largest == 0.0 || largest >= SMALLEST_FAST_MAGNITUDE {
+        return totals;
+    }
+    let mut exact = Totals::new(reference(data));
+    exact.add_exact(data);
+    exact
+}
+
+/// The vector reduction alone, `None` when this CPU cannot run `kernel`.
+fn reduce_in_f32_lanes(data: &[f32], kernel: StatsKernel) -> Option<Totals> {
     if !kernel.is_available() {
         return None;
     }
     match kernel {
-        StatsKernel::Portable => Some(reduce_portable(data)),
+        StatsKernel::Portable => Some(portable_lanes(data)),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `is_available` checked that the CPU has AVX2 and FMA (`detect`).
         StatsKernel::Avx2 => Some(unsafe { super::x86::reduce_avx2(data) }),
@@ -392,9 +424,14 @@ pub(super) fn reference(data: &[f32]) -> f64 {
         .map_or(0.0, |&x| f64::from(x))
 }
 
+/// Reduces `data` with the portable kernel, whatever the CPU.
+pub(super) fn reduce_portable(data: &[f32]) -> Totals {
+    exact_if_tiny(portable_lanes(data), data)
+}
+
 /// The reduction in plain Rust: 8 lanes as two `F32x4` accumulators per quantity, which
 /// compile to SSE2 / NEON registers.
-pub(super) fn reduce_portable(data: &[f32]) -> Totals {
+fn portable_lanes(data: &[f32]) -> Totals {
     const BLOCK: usize = PORTABLE_LANES * TERMS_PER_LANE;
     let mut book = BlockBook::new(reference(data));
     let mut totals = Totals::new(book.reference);
