@@ -7,8 +7,10 @@ pub mod gguf;
 pub mod model;
 pub mod report;
 pub mod tokenizer;
+pub mod trace_level;
 pub mod weights;
 
 pub use error::{Error, Result};
 pub use model::{Config, KvCache, Model};
 pub use tokenizer::GgufTokenizer;
+pub use trace_level::TraceLevel;

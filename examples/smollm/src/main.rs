@@ -1,48 +1,15 @@
 //! `smollm "The capital of France is"`: greedy continuation of a prompt with SmolLM2-135M,
 //! traced by model-trace when built with `--features trace`.
 
-use model_trace::{ModelTracerConfig, Session};
+use model_trace::Session;
 use smollm::generate::{greedy, load};
 use smollm::report::quant_figures;
-use smollm::weights;
+use smollm::{weights, TraceLevel};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|full|full-noquant] \
-                     [--logit-lens] PROMPT";
-
-/// How much model-trace records during generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TraceLevel {
-    /// No session: the annotations only check that none is active.
-    Off,
-    /// Activations and the KV cache.
-    Lightweight,
-    /// Everything but the quantization error, whose f32 reference matmuls dominate `Full`'s
-    /// cost; the benchmark compares the two.
-    FullNoQuant,
-    Full,
-}
-
-impl TraceLevel {
-    /// Tracing is on by default only where it was compiled in.
-    const DEFAULT: Self = if cfg!(feature = "trace") {
-        Self::Lightweight
-    } else {
-        Self::Off
-    };
-
-    fn config(self) -> Option<ModelTracerConfig> {
-        match self {
-            Self::Off => None,
-            Self::Lightweight => Some(ModelTracerConfig::lightweight()),
-            Self::FullNoQuant => Some(ModelTracerConfig {
-                trace_quant_error: false,
-                ..ModelTracerConfig::full()
-            }),
-            Self::Full => Some(ModelTracerConfig::full()),
-        }
-    }
-}
+const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|full-noquant|full] \
+                     [--logit-lens] PROMPT\n\
+                     --trace defaults to full when built with --features trace, else off";
 
 struct Args {
     prompt: String,
@@ -75,19 +42,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--max-tokens takes a number, not {v:?}"))?;
             }
-            "--trace" => {
-                trace = match value("--trace")?.as_str() {
-                    "off" => TraceLevel::Off,
-                    "lightweight" => TraceLevel::Lightweight,
-                    "full" => TraceLevel::Full,
-                    "full-noquant" => TraceLevel::FullNoQuant,
-                    other => {
-                        return Err(format!(
-                            "--trace takes off, lightweight, full or full-noquant, not {other:?}"
-                        ))
-                    }
-                };
-            }
+            "--trace" => trace = value("--trace")?.parse()?,
             "--logit-lens" => logit_lens = true,
             "-h" | "--help" => return Err(String::new()),
             f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
@@ -132,12 +87,7 @@ fn run(args: &Args) -> smollm::Result<()> {
     let (mut model, tokenizer) = load(&path)?;
     model.logit_lens = args.logit_lens;
 
-    let level = if cfg!(feature = "trace") || args.trace == TraceLevel::Off {
-        args.trace
-    } else {
-        eprintln!("note: built without `--features trace`; --trace has nothing to record");
-        TraceLevel::Off
-    };
+    let level = args.trace.effective();
     let session = level.config().map(Session::start);
     let generation = greedy(&mut model, &tokenizer, &args.prompt, args.max_tokens);
     let traced = session.map(Session::finish_with_errors);

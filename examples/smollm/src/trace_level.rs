@@ -1,0 +1,98 @@
+//! How much model-trace records during generation, as the `--trace` flag of the CLI and of the
+//! benchmark's decode worker names it.
+
+use model_trace::ModelTracerConfig;
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceLevel {
+    /// No session: the annotations only check that none is active.
+    Off,
+    /// Activations and the KV cache.
+    Lightweight,
+    /// Everything but the quantization error, whose f32 reference matmuls dominate `Full`'s
+    /// cost; the benchmark compares the two.
+    FullNoQuant,
+    Full,
+}
+
+impl TraceLevel {
+    /// Tracing is on by default only where it was compiled in, and then records everything, so
+    /// a run shows attention sinks and quantization error; 16 tokens take seconds either way.
+    pub const DEFAULT: Self = if cfg!(feature = "trace") {
+        Self::Full
+    } else {
+        Self::Off
+    };
+
+    /// The names `--trace` takes.
+    pub const NAMES: &'static str = "off, lightweight, full-noquant or full";
+
+    /// The session's configuration; `None` for no session.
+    pub fn config(self) -> Option<ModelTracerConfig> {
+        match self {
+            Self::Off => None,
+            Self::Lightweight => Some(ModelTracerConfig::lightweight()),
+            Self::FullNoQuant => Some(ModelTracerConfig {
+                trace_quant_error: false,
+                ..ModelTracerConfig::full()
+            }),
+            Self::Full => Some(ModelTracerConfig::full()),
+        }
+    }
+
+    /// The level to run at: `self` where tracing was compiled in, else `Off` with a note on
+    /// stderr when something else was asked for.
+    pub fn effective(self) -> Self {
+        if cfg!(feature = "trace") || self == Self::Off {
+            self
+        } else {
+            eprintln!("note: built without `--features trace`; --trace has nothing to record");
+            Self::Off
+        }
+    }
+}
+
+impl FromStr for TraceLevel {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "off" => Ok(Self::Off),
+            "lightweight" => Ok(Self::Lightweight),
+            "full-noquant" => Ok(Self::FullNoQuant),
+            "full" => Ok(Self::Full),
+            other => Err(format!("--trace takes {}, not {other:?}", Self::NAMES)),
+        }
+    }
+}
+
+impl fmt::Display for TraceLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Off => "off",
+            Self::Lightweight => "lightweight",
+            Self::FullNoQuant => "full-noquant",
+            Self::Full => "full",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TraceLevel;
+
+    #[test]
+    fn names_round_trip() {
+        for level in [
+            TraceLevel::Off,
+            TraceLevel::Lightweight,
+            TraceLevel::FullNoQuant,
+            TraceLevel::Full,
+        ] {
+            assert_eq!(level.to_string().parse::<TraceLevel>(), Ok(level));
+        }
+        assert!("everything".parse::<TraceLevel>().is_err());
+    }
+}
