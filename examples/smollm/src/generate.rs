@@ -48,6 +48,15 @@ impl Generation {
     }
 }
 
+/// The prompt's token ids; an error when it encodes to none (there would be nothing to run).
+pub fn encode_prompt(tokenizer: &GgufTokenizer, prompt: &str) -> Result<Vec<u32>> {
+    let prompt_ids = tokenizer.encode(prompt)?;
+    if prompt_ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt encodes to no tokens".into()));
+    }
+    Ok(prompt_ids)
+}
+
 /// Greedy decoding: the prompt in one forward pass, then one token per pass through the KV cache,
 /// until `max_tokens` tokens or EOS.
 pub fn greedy(
@@ -56,12 +65,8 @@ pub fn greedy(
     prompt: &str,
     max_tokens: usize,
 ) -> Result<Generation> {
-    let prompt_ids = tokenizer.encode(prompt)?;
-    if prompt_ids.is_empty() {
-        return Err(Error::Tokenizer("the prompt encodes to no tokens".into()));
-    }
     let mut generation = Generation {
-        prompt_ids,
+        prompt_ids: encode_prompt(tokenizer, prompt)?,
         generated: Vec::new(),
         text: String::new(),
         stopped_at_eos: false,

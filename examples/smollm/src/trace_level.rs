@@ -26,8 +26,20 @@ impl TraceLevel {
         Self::Off
     };
 
-    /// The names `--trace` takes.
-    pub const NAMES: &'static str = "off, lightweight, full-noquant or full";
+    /// Each level with the name `--trace` gives it.
+    const NAMED: [(Self, &'static str); 4] = [
+        (Self::Off, "off"),
+        (Self::Lightweight, "lightweight"),
+        (Self::FullNoQuant, "full-noquant"),
+        (Self::Full, "full"),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMED
+            .iter()
+            .find(|(level, _)| *level == self)
+            .map_or("", |&(_, name)| name)
+    }
 
     /// The session's configuration; `None` for no session.
     pub fn config(self) -> Option<ModelTracerConfig> {
@@ -58,24 +70,20 @@ impl FromStr for TraceLevel {
     type Err = String;
 
     fn from_str(name: &str) -> Result<Self, String> {
-        match name {
-            "off" => Ok(Self::Off),
-            "lightweight" => Ok(Self::Lightweight),
-            "full-noquant" => Ok(Self::FullNoQuant),
-            "full" => Ok(Self::Full),
-            other => Err(format!("--trace takes {}, not {other:?}", Self::NAMES)),
-        }
+        Self::NAMED
+            .iter()
+            .find(|(_, known)| *known == name)
+            .map(|&(level, _)| level)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::NAMED.iter().map(|&(_, known)| known).collect();
+                format!("--trace takes {}, not {name:?}", names.join(", "))
+            })
     }
 }
 
 impl fmt::Display for TraceLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Off => "off",
-            Self::Lightweight => "lightweight",
-            Self::FullNoQuant => "full-noquant",
-            Self::Full => "full",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -85,13 +93,9 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for level in [
-            TraceLevel::Off,
-            TraceLevel::Lightweight,
-            TraceLevel::FullNoQuant,
-            TraceLevel::Full,
-        ] {
-            assert_eq!(level.to_string().parse::<TraceLevel>(), Ok(level));
+        for (level, name) in TraceLevel::NAMED {
+            assert_eq!(level.to_string(), name);
+            assert_eq!(name.parse::<TraceLevel>(), Ok(level));
         }
         assert!("everything".parse::<TraceLevel>().is_err());
     }

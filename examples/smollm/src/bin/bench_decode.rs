@@ -113,9 +113,6 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if parsed.tokens < 2 {
-        return Err("--tokens must be at least 2: the first token comes from the prefill".into());
-    }
     if parsed.instructions && parsed.tokens < 3 {
         return Err(
             "--instructions needs --tokens of at least 3: it subtracts a 2-token run".into(),

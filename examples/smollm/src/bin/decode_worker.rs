@@ -9,7 +9,7 @@
 //! configuration must run the same number of steps.
 
 use model_trace::Session;
-use smollm::generate::load;
+use smollm::generate::{encode_prompt, load};
 use smollm::model::argmax;
 use smollm::{weights, TraceLevel};
 use std::io::{BufRead, Write};
@@ -50,12 +50,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<(TraceLevel, Str
 
 fn serve(level: TraceLevel, prompt: &str) -> smollm::Result<()> {
     let (mut model, tokenizer) = load(&weights::locate_or_fetch()?)?;
-    let prompt_ids = tokenizer.encode(prompt)?;
-    if prompt_ids.is_empty() {
-        return Err(smollm::Error::Tokenizer(
-            "the prompt encodes to no tokens".into(),
-        ));
-    }
+    let prompt_ids = encode_prompt(&tokenizer, prompt)?;
     let _session = level.config().map(Session::start);
     let mut next = argmax(&model.forward(&prompt_ids, 0)?)?;
     let mut out = std::io::stdout().lock();
