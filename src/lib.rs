@@ -5,9 +5,14 @@
 //! [`trace_attention`], [`trace_logits`], [`trace_kv_cache`], [`trace_quant`]) and an inline
 //! macro where a value has no function of its own ([`trace_tensor!`],
 //! [`trace_attention_value!`], [`trace_logits_value!`]). Then run the model inside a
-//! [`Session`]: every annotated call on that thread records tensor statistics into a
-//! [`ModelTracer`], which flags NaN, Inf, exploding and vanishing activations and layers that
-//! barely change their input at the end of each forward pass.
+//! [`Session`]: every annotated call on that thread records tensor statistics, and at the end of
+//! each forward pass the session flags NaN, Inf, exploding and vanishing activations. What it
+//! records goes to its sinks: the in-memory [`ModelTracer`] that [`Session::finish`] returns,
+//! a trace file ([`SessionBuilder::trace_file`], or `MODEL_TRACE_OUT=path` with no code change)
+//! that [`TraceReader`] and the `model-trace` tools read back, and sinks of your own
+//! ([`TraceSink`]). (A layer that barely changes its input, residual dominance, is flagged only
+//! from an exact ratio that code recording by hand computes with
+//! [`LayerActivationTrace::record_residual`]; the annotations record statistics only.)
 //!
 //! # Compiled out unless asked for
 //!
@@ -50,7 +55,7 @@
 //!     #[trace_layer]
 //!     fn forward(&self, x: &[f32]) -> Vec<f32> {
 //!         let normed = rms_norm(x);
-//!         trace_tensor!("post_norm", &normed); // a stage of this layer's record
+//!         trace_tensor!("attn_in", &normed); // a stage of this layer's record
 //!         let probs = self.attention(&normed);
 //!         let mixed: f32 = probs.iter().zip(&normed).map(|(p, v)| p * v).sum();
 //!         x.iter().map(|v| v + self.gain * mixed).collect()
@@ -106,7 +111,7 @@
 //!     assert_eq!(pass.layers.len(), 2);
 //!     assert_eq!(pass.layers[1].layer_idx, 1);
 //!     assert_eq!(pass.layers[0].input_stats.count, 4);
-//!     assert_eq!(pass.layers[0].post_norm_stats.count, 4);
+//!     assert_eq!(pass.layers[0].stage("attn_in").map(|s| s.count), Some(4));
 //!     assert!(!pass.has_anomaly);
 //!     // One attention row per layer, with the layer it was recorded in.
 //!     let attention_layers: Vec<usize> =
@@ -392,8 +397,10 @@ pub use trace_macros::trace_quant;
 /// Records an intermediate tensor as a stage of the enclosing [`trace_layer`] call:
 /// `trace_tensor!("stage", &value)`.
 ///
-/// `post_norm`, `post_attn` and `post_ffn` fill those fields of [`LayerActivationTrace`]; any
-/// other name is kept by name, in recording order. The stage must be a string literal.
+/// The names of [`Stage`] have a fixed meaning that every trace shares (`attn_in`, `attn_out`,
+/// `resid_mid`, `mlp_in`, `mlp_out`); any other name is the user's own. Stages are kept by name
+/// in [`LayerActivationTrace::stages`], in recording order; `input` and `output` belong to the
+/// layer itself and are refused. The stage must be a string literal.
 /// Compiled out, the macro only borrows the value in code that never runs, so the value is
 /// still used and nothing is computed.
 ///
@@ -403,7 +410,7 @@ pub use trace_macros::trace_quant;
 /// #[trace_layer]
 /// fn block(x: &[f32]) -> Vec<f32> {
 ///     let normed: Vec<f32> = x.iter().map(|v| v / 2.0).collect();
-///     trace_tensor!("post_norm", &normed);
+///     trace_tensor!("attn_in", &normed);
 ///     let gate: Vec<f32> = normed.iter().map(|v| v.max(0.0)).collect();
 ///     trace_tensor!("gate", &gate);
 ///     gate
@@ -414,8 +421,8 @@ pub use trace_macros::trace_quant;
 /// let tracer = session.finish();
 /// if cfg!(feature = "enabled") {
 ///     let layer = &tracer.activation_traces()[0].layers[0];
-///     assert_eq!(layer.post_norm_stats.mean, -0.5);
-///     assert_eq!(layer.other_stages[0].0, "gate");
+///     assert_eq!(layer.stage("attn_in").map(|s| s.mean), Some(-0.5));
+///     assert_eq!(layer.stages[1].0, "gate");
 /// }
 /// ```
 pub use trace_macros::trace_tensor;

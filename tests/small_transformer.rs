@@ -197,18 +197,18 @@ struct Block {
 }
 
 impl Block {
-    /// Pre-norm block. `post_attn` and `post_ffn` are the sub-blocks' outputs before they are
+    /// Pre-norm block. `attn_out` and `mlp_out` are the sub-blocks' outputs before they are
     /// added to the residual stream.
     #[trace_layer]
     fn forward(&self, x: &[f32], cache: &mut LayerCache) -> Vec<f32> {
         let normed = rms_norm(x, &self.attn_norm);
-        trace_tensor!("post_norm", &normed);
+        trace_tensor!("attn_in", &normed);
         assert!(!self.panic_inside, "injected failure inside the block");
         let attn = self.attention(&normed, cache);
-        trace_tensor!("post_attn", &attn);
+        trace_tensor!("attn_out", &attn);
         let hidden = add(x, &attn);
         let ffn = self.mlp(&rms_norm(&hidden, &self.ffn_norm));
-        trace_tensor!("post_ffn", &ffn);
+        trace_tensor!("mlp_out", &ffn);
         add(&hidden, &ffn)
     }
 
@@ -335,9 +335,9 @@ fn decode(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 #[cfg_attr(not(feature = "enabled"), allow(dead_code))]
 struct LayerValues {
     input: Vec<f32>,
-    post_norm: Vec<f32>,
-    post_attn: Vec<f32>,
-    post_ffn: Vec<f32>,
+    attn_in: Vec<f32>,
+    attn_out: Vec<f32>,
+    mlp_out: Vec<f32>,
     output: Vec<f32>,
     /// `[HEADS, len]`.
     probs: Vec<f32>,
@@ -360,10 +360,10 @@ fn reference_decode(model: &Model, tokens: &[u32]) -> Vec<PassValues> {
         let mut hidden = model.embed(token, position);
         let mut layers = Vec::new();
         for (block, layer_cache) in model.blocks.iter().zip(&mut cache.layers) {
-            let post_norm = rms_norm(&hidden, &block.attn_norm);
-            let probs = block.attention_probs(&post_norm, layer_cache);
+            let attn_in = rms_norm(&hidden, &block.attn_norm);
+            let probs = block.attention_probs(&attn_in, layer_cache);
             // Recomputes the attention from the cache just filled, so must not append again.
-            let post_attn = {
+            let attn_out = {
                 let len = layer_cache.len;
                 let mut mixed = vec![0.0; HIDDEN];
                 for head in 0..HEADS {
@@ -377,18 +377,18 @@ fn reference_decode(model: &Model, tokens: &[u32]) -> Vec<PassValues> {
                 }
                 block.wo.apply(&mixed)
             };
-            let mid = add(&hidden, &post_attn);
+            let mid = add(&hidden, &attn_out);
             let ffn_in = rms_norm(&mid, &block.ffn_norm);
             let up_quantized = block.up.dequantized.apply(&ffn_in);
             let up_exact = block.up.matmul_f32(&ffn_in);
             let activated: Vec<f32> = up_quantized.iter().copied().map(silu).collect();
-            let post_ffn = block.down.apply(&activated);
-            let output = add(&mid, &post_ffn);
+            let mlp_out = block.down.apply(&activated);
+            let output = add(&mid, &mlp_out);
             layers.push(LayerValues {
                 input: hidden,
-                post_norm,
-                post_attn,
-                post_ffn,
+                attn_in,
+                attn_out,
+                mlp_out,
                 output: output.clone(),
                 probs,
                 up_quantized,
@@ -458,9 +458,9 @@ fn tracepoints_list_every_annotated_site() {
             ("logits", "lm_head", "lm_head"),
             ("kv_cache", "append", "append"),
             ("quant", "ffn_up", "matmul_q8_0"),
-            ("tensor", "post_attn", "forward"),
-            ("tensor", "post_ffn", "forward"),
-            ("tensor", "post_norm", "forward"),
+            ("tensor", "attn_in", "forward"),
+            ("tensor", "attn_out", "forward"),
+            ("tensor", "mlp_out", "forward"),
         ];
         assert_eq!(listed, expected);
         let source: Vec<&str> = include_str!("small_transformer.rs").lines().collect();
@@ -581,16 +581,11 @@ fn full_session_records_every_kind_with_the_right_layers() {
             let indices: Vec<usize> = pass.layers.iter().map(|l| l.layer_idx).collect();
             assert_eq!(indices, (0..LAYERS).collect::<Vec<_>>());
             for layer in &pass.layers {
-                for (stage, stats) in [
-                    ("input", &layer.input_stats),
-                    ("post_norm", &layer.post_norm_stats),
-                    ("post_attn", &layer.post_attn_stats),
-                    ("post_ffn", &layer.post_ffn_stats),
-                    ("output", &layer.output_stats),
-                ] {
+                let names: Vec<&str> = layer.stages().map(|(name, _)| name).collect();
+                assert_eq!(names, ["input", "attn_in", "attn_out", "mlp_out", "output"]);
+                for (stage, stats) in layer.stages() {
                     assert_eq!(stats.count, HIDDEN, "layer {} {stage}", layer.layer_idx);
                 }
-                assert!(layer.other_stages.is_empty());
                 assert!(layer.residual_ratio > 0.0 && layer.residual_ratio < 1.0);
             }
             assert!(!pass.has_anomaly, "{:?}", pass.anomaly_desc);
@@ -624,16 +619,19 @@ fn full_session_records_every_kind_with_the_right_layers() {
             assert_eq!(predicted.final_rank(), Some(0));
         }
 
-        // KV cache: one step per append (each layer, each position), growing.
+        // KV cache: one step per append (each layer, each position), growing; each layer's
+        // cache numbers its own steps and the peak is the sum over the caches.
         let steps = &tracer.kv_trace().steps;
         assert_eq!(steps.len(), PROMPT.len() * LAYERS);
         for (i, step) in steps.iter().enumerate() {
             let valid = i / LAYERS + 1;
-            assert_eq!(step.step, i);
+            assert_eq!((step.step, step.layer), (i / LAYERS, Some(i % LAYERS)));
             assert_eq!(step.valid_positions, valid, "step {i}");
             assert_eq!(step.capacity, MAX_SEQ);
             assert_eq!(step.cache_size_bytes, 2 * valid * HIDDEN * 4, "step {i}");
         }
+        let peak = LAYERS * 2 * PROMPT.len() * HIDDEN * 4;
+        assert_eq!(tracer.kv_trace().peak_memory_bytes, peak);
 
         // Quantization: one error per layer per step, in the enclosing layer, close to exact.
         let quant = tracer.quant_traces();
@@ -692,16 +690,20 @@ fn layer_statistics_equal_those_of_independently_computed_values() {
                 let from = model_trace::TensorStats::from_slice;
                 assert_eq!(layer.input_stats, from(&expected.input), "{at} input");
                 assert_eq!(
-                    layer.post_norm_stats,
-                    from(&expected.post_norm),
+                    layer.stage("attn_in").copied().unwrap_or_default(),
+                    from(&expected.attn_in),
                     "{at} norm"
                 );
                 assert_eq!(
-                    layer.post_attn_stats,
-                    from(&expected.post_attn),
+                    layer.stage("attn_out").copied().unwrap_or_default(),
+                    from(&expected.attn_out),
                     "{at} attn"
                 );
-                assert_eq!(layer.post_ffn_stats, from(&expected.post_ffn), "{at} ffn");
+                assert_eq!(
+                    layer.stage("mlp_out").copied().unwrap_or_default(),
+                    from(&expected.mlp_out),
+                    "{at} ffn"
+                );
                 assert_eq!(layer.output_stats, from(&expected.output), "{at} output");
             }
         }
@@ -736,12 +738,26 @@ fn nan_in_block_1_weights_is_an_anomaly_at_layer_1() {
             assert_eq!(pass.anomaly_layer, Some(1));
             assert_eq!(pass.anomaly_kind, Some(ActivationAnomalyKind::Nan));
             let desc = pass.anomaly_desc.as_deref().unwrap_or_default();
-            assert!(desc.starts_with("layer 1 post_ffn: NaN"), "{desc}");
+            assert!(desc.starts_with("layer 1 mlp_out: NaN"), "{desc}");
             let layer0 = &pass.layers[0];
             assert!(layer0.stages().all(|(_, s)| s.nan_count == 0));
             let layer1 = &pass.layers[1];
-            assert_eq!(layer1.post_attn_stats.nan_count, 0);
-            assert_eq!(layer1.post_ffn_stats.nan_count, 1);
+            assert_eq!(
+                layer1
+                    .stage("attn_out")
+                    .copied()
+                    .unwrap_or_default()
+                    .nan_count,
+                0
+            );
+            assert_eq!(
+                layer1
+                    .stage("mlp_out")
+                    .copied()
+                    .unwrap_or_default()
+                    .nan_count,
+                1
+            );
             assert_eq!(layer1.output_stats.nan_count, 1);
             assert_eq!(pass.layers[2].output_stats.nan_count, HIDDEN);
         }
@@ -778,8 +794,22 @@ fn panic_inside_a_layer_leaves_the_next_pass_clean() {
         let indices: Vec<usize> = failed.layers.iter().map(|l| l.layer_idx).collect();
         assert_eq!(indices, [0, 1]);
         assert_eq!(failed.layers[0].output_stats.count, HIDDEN);
-        assert_eq!(failed.layers[1].post_norm_stats.count, HIDDEN);
-        assert_eq!(failed.layers[1].post_attn_stats.count, 0);
+        assert_eq!(
+            failed.layers[1]
+                .stage("attn_in")
+                .copied()
+                .unwrap_or_default()
+                .count,
+            HIDDEN
+        );
+        assert_eq!(
+            failed.layers[1]
+                .stage("attn_out")
+                .copied()
+                .unwrap_or_default()
+                .count,
+            0
+        );
         assert_eq!(failed.layers[1].output_stats.count, 0);
         // The next pass numbers its layers from 0 again and nests none inside the failed one.
         let clean = &passes[1];

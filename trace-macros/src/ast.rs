@@ -46,6 +46,7 @@ impl Macro {
                 &[Key::Layer, Key::Name]
             }
             Macro::KvCache => &[
+                Key::Layer,
                 Key::Len,
                 Key::Capacity,
                 Key::Bytes,

@@ -219,6 +219,7 @@ impl TracedFn {
     fn kv_cache_step(&self, has_output: bool) -> TokenStream {
         let allow_casts = allow_casts();
         let field = |key: Key, ty: &str| cast_arg(self.args.expr(key), ty);
+        let layer = field(Key::Layer, "usize");
         let (len, capacity, bytes) = (
             field(Key::Len, "usize"),
             field(Key::Capacity, "usize"),
@@ -230,6 +231,7 @@ impl TracedFn {
             if __TRACE_CALLSITE.is_active() {
                 #allow_casts
                 let __trace_step = ::model_trace::__private::KvCacheStep {
+                    layer: #layer,
                     len: #len,
                     capacity: #capacity,
                     bytes: #bytes,

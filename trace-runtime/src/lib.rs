@@ -1,32 +1,34 @@
 //! Runtime of `model-trace`. Use it through the `model-trace` crate, which re-exports all of it.
 //!
-//! Each module is one idea: [`TensorStats`] (statistics of one tensor), the five trace kinds
-//! (activations, attention, logits, quantization error, KV cache), [`ModelTracer`] that holds them,
-//! the thread-local [`Session`] that macros record into, the tracepoint registry and the
-//! [`TraceTensor`] trait that reads user tensors.
+//! The folders follow the data: annotated code reads user tensors through [`TraceTensor`]
+//! (`tensor`), summarises them ([`TensorStats`], fingerprint and sketch: `summary`) into the
+//! records and events of `record`; the thread-local [`Session`] (`session`) owns the pass and
+//! layer context and hands each [`Event`] to its sinks (`sink`: the in-memory [`ModelTracer`],
+//! the trace-file writer, a user's own [`TraceSink`]); `format` reads trace files back and
+//! writes captured tensors; `analysis` holds what is computed over records (the anomaly rules);
+//! `registry` lists the tracepoints compiled into the program.
 
-mod activation;
-mod attention;
-mod kv_cache;
-mod logit;
-mod quant;
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod analysis;
+mod format;
+mod record;
 mod registry;
 mod session;
-mod stats;
+mod sink;
+mod summary;
 mod tensor;
-mod tracer;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
-pub use activation::*;
-pub use attention::*;
-pub use kv_cache::*;
-pub use logit::*;
-pub use quant::*;
+pub use analysis::find_anomalies;
+pub use format::*;
+pub use record::*;
 pub use registry::*;
 pub use session::*;
-pub use stats::*;
+pub use sink::*;
+pub use summary::*;
 pub use tensor::*;
-pub use tracer::*;

@@ -7,14 +7,21 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::__model_trace_probe as probe;
-pub use crate::quant::QuantType;
+pub use crate::record::QuantType;
 pub use crate::registry::{Tracepoint, TracepointKind};
 pub use crate::tensor::TraceTensor;
 pub use ::inventory;
 
-use crate::kv_cache::KvCacheStateTrace;
-use crate::quant::QuantizationErrorTrace;
-use crate::session::state::{self, RECORD, RUN};
+use std::borrow::Cow;
+
+use crate::record::{
+    top_k_by_selection, AttentionEvent, AttentionWeightTrace, Event, KvCacheEvent,
+    KvCacheStateTrace, LogitEvolutionTrace, LogitRow, LogitsEvent, QuantEvent,
+    QuantizationErrorTrace, Stage, TrackedLogit,
+};
+use crate::session::state::{self, TensorPlan, RECORD, RUN};
+use crate::session::RecordErrorKind;
+use crate::summary::{summarize, TensorSummary, ValuesReader};
 
 /// One per tracepoint, generated as a `static`.
 pub struct Callsite {
@@ -95,8 +102,8 @@ impl Callsite {
         self.decision() & RECORD != 0
     }
 
-    fn note_error(&'static self, message: String) {
-        state::with_active(|session| session.note_error(Some(&self.tracepoint), message));
+    fn note_error(&'static self, kind: RecordErrorKind, message: String) {
+        state::with_active(|session| session.note_error(Some(&self.tracepoint), kind, message));
     }
 }
 
@@ -192,6 +199,54 @@ macro_rules! __model_trace_probe {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Reading a tensor
+// ---------------------------------------------------------------------------------------------
+
+/// Reads `tensor` as `plan` says, handing the values to `also` too when given, and saves it in
+/// full when the plan captures it. `None` (and the error noted) when it cannot be read.
+fn read_tensor(
+    generation: u32,
+    cs: &'static Callsite,
+    what: &str,
+    layer: Option<usize>,
+    plan: TensorPlan,
+    tensor: &dyn TraceTensor,
+    mut also: Option<ValuesReader<'_>>,
+) -> Option<TensorSummary> {
+    let mut captured: Option<Vec<f32>> = None;
+    let wants_values = plan.capture || also.is_some();
+    let mut consume = |values: &[f32]| {
+        if plan.capture {
+            captured = Some(values.to_vec());
+        }
+        if let Some(also) = also.as_mut() {
+            also(values);
+        }
+    };
+    let read = summarize(
+        tensor,
+        plan.digest,
+        wants_values.then_some(&mut consume as &mut dyn FnMut(&[f32])),
+    );
+    let mut summary = match read {
+        Ok(summary) => summary,
+        Err(error) => {
+            let message = format!("{what}: {error}");
+            state::with_session(generation, |s| {
+                s.note_error(Some(cs.tracepoint()), RecordErrorKind::Read, message);
+            });
+            return None;
+        }
+    };
+    if let Some(values) = captured {
+        state::with_session(generation, |s| {
+            s.attach_capture(cs.tracepoint(), layer, what, &mut summary, values);
+        });
+    }
+    Some(summary)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Guards
 // ---------------------------------------------------------------------------------------------
 
@@ -211,8 +266,10 @@ impl ModelGuard {
             return Self::inactive();
         }
         let generation = state::active_generation();
-        let pass =
-            state::with_session(generation, |session| session.begin_model_pass(position)).flatten();
+        let pass = state::with_session(generation, |session| {
+            session.begin_model_pass(cs.tracepoint(), position)
+        })
+        .flatten();
         Self {
             generation,
             pass,
@@ -239,13 +296,13 @@ impl Drop for ModelGuard {
 }
 
 /// Closes a layer record on drop, also when unwinding from a panic; the record goes to the
-/// tracer with the stages recorded inside it.
+/// sinks with the stages recorded inside it.
 #[must_use]
 pub struct LayerGuard {
     generation: u32,
-    frame: Option<u64>,
+    frame: Option<(u64, usize)>,
     record: bool,
-    tracepoint: Option<&'static Tracepoint>,
+    callsite: Option<&'static Callsite>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -261,20 +318,26 @@ impl LayerGuard {
             return Self::inactive();
         }
         let record = decision & RECORD != 0;
-        let input = if record {
-            input.map(|tensor| tensor.stats().map_err(|e| e.to_string()))
-        } else {
-            None
-        };
         let generation = state::active_generation();
-        let frame = state::with_session(generation, |session| {
-            session.enter_layer(cs.tracepoint(), index, record, input)
+        let entered = state::with_session(generation, |session| {
+            let (frame, layer) = session.enter_layer(cs.tracepoint(), index, record);
+            (frame, layer, session.plan(cs.tracepoint(), Some(layer)))
         });
+        let Some((frame, layer, plan)) = entered else {
+            return Self::inactive();
+        };
+        if let (true, Some(input)) = (record, input) {
+            if let Some(summary) =
+                read_tensor(generation, cs, "input", Some(layer), plan, input, None)
+            {
+                state::with_session(generation, |s| s.set_layer_tensor(frame, "input", summary));
+            }
+        }
         Self {
             generation,
-            frame,
+            frame: Some((frame, layer)),
             record,
-            tracepoint: Some(cs.tracepoint()),
+            callsite: Some(cs),
             _not_send: std::marker::PhantomData,
         }
     }
@@ -285,27 +348,34 @@ impl LayerGuard {
             generation: 0,
             frame: None,
             record: false,
-            tracepoint: None,
+            callsite: None,
             _not_send: std::marker::PhantomData,
         }
     }
 
     /// Records the layer's output; `None` (no tensor, an `Err`) records nothing.
     pub fn output(&mut self, output: Option<&dyn TraceTensor>) {
-        let (Some(frame), Some(output), true) = (self.frame, output, self.record) else {
+        let (Some((frame, layer)), Some(output), Some(cs), true) =
+            (self.frame, output, self.callsite, self.record)
+        else {
             return;
         };
-        let stats = output.stats();
-        state::with_session(self.generation, |session| match stats {
-            Ok(stats) => session.set_layer_output(frame, stats),
-            Err(error) => session.note_error(self.tracepoint, format!("layer output: {error}")),
-        });
+        let generation = self.generation;
+        let Some(plan) = state::with_session(generation, |s| s.plan(cs.tracepoint(), Some(layer)))
+        else {
+            return;
+        };
+        if let Some(summary) =
+            read_tensor(generation, cs, "output", Some(layer), plan, output, None)
+        {
+            state::with_session(generation, |s| s.set_layer_tensor(frame, "output", summary));
+        }
     }
 }
 
 impl Drop for LayerGuard {
     fn drop(&mut self) {
-        if let Some(frame) = self.frame {
+        if let Some((frame, _)) = self.frame {
             state::with_session(self.generation, |session| session.exit_layer(frame));
         }
     }
@@ -315,31 +385,45 @@ impl Drop for LayerGuard {
 // Record hooks
 // ---------------------------------------------------------------------------------------------
 
-/// `trace_tensor!("stage", &t)`: statistics of `tensor` as a stage of the enclosing layer.
+/// `trace_tensor!("stage", &t)`: `tensor` as a stage of the enclosing layer.
 pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&dyn TraceTensor>) {
     if !cs.records() {
         return;
     }
     let Some(tensor) = tensor else {
-        cs.note_error(format!("stage `{stage}`: the value is not a tensor"));
+        cs.note_error(
+            RecordErrorKind::NotATensor,
+            format!("stage `{stage}`: the value is not a tensor"),
+        );
         return;
     };
-    if !state::with_active(|session| session.in_layer()).unwrap_or(false) {
-        cs.note_error(format!(
-            "stage `{stage}` outside any #[trace_layer]: not recorded"
-        ));
+    if Stage::from_name(stage).is_some_and(Stage::is_layer_boundary) {
+        cs.note_error(
+            RecordErrorKind::Config,
+            format!("stage `{stage}` is the layer's own; `#[trace_layer]` records it"),
+        );
         return;
     }
-    match tensor.stats() {
-        Ok(stats) => {
-            state::with_active(|session| session.record_stage(stage, stats));
-        }
-        Err(error) => cs.note_error(format!("stage `{stage}`: {error}")),
+    let generation = state::active_generation();
+    let planned = state::with_session(generation, |s| {
+        let layer = s.enclosing_layer()?;
+        Some((layer, s.plan(cs.tracepoint(), Some(layer))))
+    });
+    let Some((layer, plan)) = planned.flatten() else {
+        cs.note_error(
+            RecordErrorKind::OutsideLayer,
+            format!("stage `{stage}` outside any #[trace_layer]: not recorded"),
+        );
+        return;
+    };
+    if let Some(summary) = read_tensor(generation, cs, stage, Some(layer), plan, tensor, None) {
+        state::with_session(generation, |s| s.record_stage(stage, summary));
     }
 }
 
-/// Attention probabilities `[.., heads, q_len, k_len]` (leading dimensions: only index 0 is
-/// read). `layer` `None`: the enclosing layer, else one past the last layer of the pass.
+/// Attention probabilities `[batch, heads, q_len, k_len]` (missing leading dimensions are 1):
+/// every row of every batch row. `layer` `None`: the enclosing layer, else one past the last
+/// layer of the pass.
 pub fn record_attention(
     cs: &'static Callsite,
     layer: Option<usize>,
@@ -349,14 +433,20 @@ pub fn record_attention(
         return;
     }
     let Some(probs) = probs else {
-        cs.note_error("attention: the value is not a tensor".to_owned());
+        cs.note_error(
+            RecordErrorKind::NotATensor,
+            "attention: the value is not a tensor".to_owned(),
+        );
         return;
     };
-    let Some((layer, config)) = state::with_active(|session| {
-        let layer = layer
-            .or_else(|| session.enclosing_layer())
-            .unwrap_or_else(|| session.final_layer());
-        (layer, session.tracer.config().attention_config.clone())
+    let generation = state::active_generation();
+    let Some((layer, config, plan)) = state::with_session(generation, |s| {
+        let layer = layer.unwrap_or_else(|| s.layer_or_final());
+        (
+            layer,
+            s.config.attention_config.clone(),
+            s.plan(cs.tracepoint(), Some(layer)),
+        )
     }) else {
         return;
     };
@@ -364,58 +454,82 @@ pub fn record_attention(
         return;
     }
     let shape = probs.shape();
-    let Some((heads, q_len, k_len)) = attention_dims(&shape) else {
-        cs.note_error(format!("attention: shape {shape:?} has no key dimension"));
+    let Some((batch, heads, q_len, k_len)) = attention_dims(&shape) else {
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!("attention: shape {shape:?} is not [batch, heads, q_len, k_len] (or a suffix of it)"),
+        );
         return;
     };
-    let mut traces = Vec::new();
+    let needed = batch
+        .checked_mul(heads)
+        .and_then(|n| n.checked_mul(q_len))
+        .and_then(|n| n.checked_mul(k_len));
+    let mut rows: Vec<AttentionWeightTrace> = Vec::new();
     let mut fits = true;
-    let read = probs.with_f32(&mut |data| {
-        fits = heads
-            .checked_mul(q_len)
-            .and_then(|rows| rows.checked_mul(k_len))
-            .is_some_and(|needed| needed <= data.len());
+    let mut read_rows = |data: &[f32]| {
+        fits = needed.is_some_and(|needed| needed == data.len());
         if !fits {
             return;
         }
-        for head in 0..heads {
-            for row in 0..q_len {
-                let start = (head * q_len + row) * k_len;
-                let weights = &data[start..start + k_len];
-                let query_pos = (k_len + row).saturating_sub(q_len);
-                traces.extend(config.trace_row(layer, head, query_pos, weights));
+        for (index, weights) in data.chunks_exact(k_len.max(1)).enumerate() {
+            let (b, rest) = (index / (heads * q_len), index % (heads * q_len));
+            let (head, row) = (rest / q_len, rest % q_len);
+            let query_pos = (k_len + row).saturating_sub(q_len);
+            if let Some(mut trace) = config.trace_row(layer, head, query_pos, weights) {
+                trace.batch = b;
+                rows.push(trace);
             }
         }
-    });
-    if let Err(error) = read {
-        cs.note_error(format!("attention: {error}"));
+    };
+    let summary = read_tensor(
+        generation,
+        cs,
+        "attention",
+        Some(layer),
+        plan,
+        probs,
+        Some(&mut read_rows),
+    );
+    let Some(summary) = summary else {
         return;
-    }
+    };
     if !fits {
-        cs.note_error(format!(
-            "attention: shape {shape:?} does not match the data"
-        ));
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!("attention: shape {shape:?} does not match the data"),
+        );
         return;
     }
-    state::with_active(|session| {
-        for trace in traces {
-            session.tracer.record_attention(trace);
-        }
+    state::with_session(generation, |s| {
+        s.emit_record(|seq, pass| {
+            Event::Attention(AttentionEvent {
+                seq,
+                pass,
+                layer,
+                tracepoint: Cow::Borrowed(cs.tracepoint().name),
+                function: Cow::Owned(cs.tracepoint().path()),
+                probs: summary,
+                rows,
+            })
+        });
     });
 }
 
-/// `[.., heads, q_len, k_len]` with missing leading dimensions taken as 1.
-fn attention_dims(shape: &[usize]) -> Option<(usize, usize, usize)> {
+/// `[batch, heads, q_len, k_len]` with missing leading dimensions taken as 1.
+fn attention_dims(shape: &[usize]) -> Option<(usize, usize, usize, usize)> {
     match *shape {
-        [] => None,
-        [k_len] => Some((1, 1, k_len)),
-        [q_len, k_len] => Some((1, q_len, k_len)),
-        [.., heads, q_len, k_len] => Some((heads, q_len, k_len)),
+        [k_len] => Some((1, 1, 1, k_len)),
+        [q_len, k_len] => Some((1, 1, q_len, k_len)),
+        [heads, q_len, k_len] => Some((1, heads, q_len, k_len)),
+        [batch, heads, q_len, k_len] => Some((batch, heads, q_len, k_len)),
+        _ => None,
     }
 }
 
-/// Logits `[.., vocab]`: the last row, the next-token position. `layer` `None`: the enclosing
-/// layer, else the final one (one past the last layer recorded in this pass).
+/// Logits `[vocab]`, `[batch, vocab]` or `[batch, seq, vocab]`: the next-token row of each batch
+/// row (the last position). `layer` `None`: the enclosing layer, else the final one (one past the
+/// last layer recorded in this pass).
 pub fn record_logits(
     cs: &'static Callsite,
     layer: Option<usize>,
@@ -425,42 +539,114 @@ pub fn record_logits(
         return;
     }
     let Some(logits) = logits else {
-        cs.note_error("logits: the value is not a tensor".to_owned());
+        cs.note_error(
+            RecordErrorKind::NotATensor,
+            "logits: the value is not a tensor".to_owned(),
+        );
         return;
     };
     let shape = logits.shape();
-    let Some(&vocab) = shape.last() else {
-        cs.note_error("logits: a scalar has no vocabulary dimension".to_owned());
-        return;
-    };
-    let mut recorded = Ok(());
-    let read = logits.with_f32(&mut |data| {
-        if data.len() < vocab {
-            recorded = Err(format!(
-                "logits: shape {shape:?} does not match {} values",
-                data.len()
-            ));
+    let (batch, seq, vocab) = match *shape {
+        [vocab] => (1, 1, vocab),
+        [batch, vocab] => (batch, 1, vocab),
+        [batch, seq, vocab] => (batch, seq, vocab),
+        _ => {
+            cs.note_error(
+                RecordErrorKind::Shape,
+                format!(
+                    "logits: shape {shape:?} is not [vocab], [batch, vocab] or [batch, seq, vocab]"
+                ),
+            );
             return;
         }
-        let last_row = &data[data.len() - vocab..];
-        state::with_active(|session| {
-            session.open_pass();
-            let layer = layer
-                .or_else(|| session.enclosing_layer())
-                .unwrap_or_else(|| session.final_layer());
-            session.tracer.record_logits(layer, last_row);
+    };
+    let generation = state::active_generation();
+    let Some((pass, layer, plan, top_k, tracked)) = state::with_session(generation, |s| {
+        let pass = s.open_pass();
+        let layer = layer.unwrap_or_else(|| s.layer_or_final());
+        let plan = s.plan(cs.tracepoint(), Some(layer));
+        (
+            pass,
+            layer,
+            plan,
+            s.config.auto_track_top_k,
+            s.config.tracked_tokens.clone(),
+        )
+    }) else {
+        return;
+    };
+    let needed = batch.checked_mul(seq).and_then(|n| n.checked_mul(vocab));
+    let mut rows = Vec::with_capacity(batch);
+    let mut fits = true;
+    let (mut positions, mut values) = (Vec::new(), Vec::new());
+    let mut read_rows = |data: &[f32]| {
+        fits = vocab > 0 && needed.is_some_and(|needed| needed == data.len());
+        if !fits {
+            return;
+        }
+        for b in 0..batch {
+            let start = (b * seq + seq - 1) * vocab;
+            let row = &data[start..start + vocab];
+            top_k_by_selection(row, top_k, f32::NEG_INFINITY, &mut positions, &mut values);
+            let tracked = tracked
+                .iter()
+                .flatten()
+                .map(|&token| TrackedLogit {
+                    token,
+                    logit: row.get(token as usize).copied().unwrap_or(f32::NAN),
+                    rank: LogitEvolutionTrace::compute_rank(row, token),
+                })
+                .collect();
+            rows.push(LogitRow {
+                batch: b,
+                top_tokens: positions
+                    .iter()
+                    .filter_map(|&p| u32::try_from(p).ok())
+                    .collect(),
+                top_logits: values.clone(),
+                tracked,
+            });
+            state::with_session(generation, |s| s.add_logit_row(layer, b, row));
+        }
+    };
+    let summary = read_tensor(
+        generation,
+        cs,
+        "logits",
+        Some(layer),
+        plan,
+        logits,
+        Some(&mut read_rows),
+    );
+    let Some(summary) = summary else {
+        return;
+    };
+    if !fits {
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!("logits: shape {shape:?} does not match the data"),
+        );
+        return;
+    }
+    state::with_session(generation, |s| {
+        s.emit_record(|seq, _| {
+            Event::Logits(LogitsEvent {
+                seq,
+                pass,
+                layer,
+                tracepoint: Cow::Borrowed(cs.tracepoint().name),
+                function: Cow::Owned(cs.tracepoint().path()),
+                logits: summary,
+                batch_rows: rows,
+            })
         });
     });
-    match (read, recorded) {
-        (Err(error), _) => cs.note_error(format!("logits: {error}")),
-        (Ok(()), Err(message)) => cs.note_error(message),
-        (Ok(()), Ok(())) => {}
-    }
 }
 
 /// The arguments of `#[trace_kv_cache(...)]`, evaluated after the body.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KvCacheStep {
+    pub layer: Option<usize>,
     pub len: Option<usize>,
     pub capacity: Option<usize>,
     pub bytes: Option<usize>,
@@ -468,29 +654,38 @@ pub struct KvCacheStep {
     pub hit_rate: Option<f32>,
 }
 
-/// One KV-cache step; the step number counts the KV steps of the session.
+/// One KV-cache step of the cache of `layer` (default: the enclosing layer; outside any, the
+/// model's one cache). Each cache's steps are numbered 0, 1, 2, ...
 pub fn record_kv_cache(cs: &'static Callsite, step: KvCacheStep) {
     if !cs.records() {
         return;
     }
     state::with_active(|session| {
-        let index = session.next_kv_step();
+        let layer = step.layer.or_else(|| session.enclosing_layer());
         let len = step.len.unwrap_or(0);
-        let mut trace = KvCacheStateTrace::new(index, step.capacity.unwrap_or(len));
-        trace.valid_positions = len;
-        if let Some(bytes) = step.bytes {
-            trace.cache_size_bytes = bytes;
-        }
-        if let Some(evictions) = step.evictions {
-            trace.evictions_this_step = evictions;
-        }
-        trace.cache_hit_rate = step.hit_rate;
-        session.tracer.record_kv_state(trace);
+        let state = KvCacheStateTrace {
+            step: session.next_kv_step(layer),
+            layer,
+            valid_positions: len,
+            capacity: step.capacity.unwrap_or(len),
+            cache_size_bytes: step.bytes.unwrap_or(0),
+            evictions_this_step: step.evictions.unwrap_or(0),
+            cache_hit_rate: step.hit_rate,
+        };
+        session.emit_record(|seq, pass| {
+            Event::KvCache(KvCacheEvent {
+                seq,
+                pass,
+                tracepoint: Cow::Borrowed(cs.tracepoint().name),
+                function: Cow::Owned(cs.tracepoint().path()),
+                state,
+            })
+        });
     });
 }
 
 /// Quantization error of `quantized` against `reference`; the site is the tracepoint name,
-/// the layer the enclosing one (0 outside any). `quant` `None`: guessed from the dtype.
+/// the layer the enclosing one (else the final one). `quant` `None`: guessed from the dtype.
 pub fn record_quant(
     cs: &'static Callsite,
     quant: Option<QuantType>,
@@ -501,33 +696,46 @@ pub fn record_quant(
         return;
     }
     let (Some(quantized), Some(reference)) = (quantized, reference) else {
-        cs.note_error("quant: the output or the reference output is not a tensor".to_owned());
+        cs.note_error(
+            RecordErrorKind::NotATensor,
+            "quant: the output or the reference output is not a tensor".to_owned(),
+        );
         return;
     };
     let quant = quant.unwrap_or_else(|| quant_from_dtype(quantized.dtype_name()));
-    let layer = state::with_active(|session| {
-        session
-            .enclosing_layer()
-            .unwrap_or_else(|| session.final_layer())
-    })
-    .unwrap_or(0);
+    let generation = state::active_generation();
+    let Some(layer) = state::with_session(generation, |s| s.layer_or_final()) else {
+        return;
+    };
     let site = cs.tracepoint().name;
-    let mut trace = Err(String::new());
+    let mut trace = None;
     let read = quantized.with_f32(&mut |q| {
         let inner = reference.with_f32(&mut |r| {
-            trace = QuantizationErrorTrace::compute(site, layer, q, r, quant)
-                .map_err(|error| format!("quant: {error}"));
+            trace = Some(QuantizationErrorTrace::compute(site, layer, q, r, quant));
         });
         if let Err(error) = inner {
-            trace = Err(format!("quant reference: {error}"));
+            cs.note_error(RecordErrorKind::Read, format!("quant reference: {error}"));
         }
     });
     match (read, trace) {
-        (Err(error), _) => cs.note_error(format!("quant: {error}")),
-        (Ok(()), Err(message)) => cs.note_error(message),
-        (Ok(()), Ok(trace)) => {
-            state::with_active(|session| session.tracer.record_quant_error(trace));
+        (Err(error), _) => cs.note_error(RecordErrorKind::Read, format!("quant: {error}")),
+        (Ok(()), Some(Err(mismatch))) => {
+            cs.note_error(RecordErrorKind::Mismatch, mismatch.to_string())
         }
+        (Ok(()), Some(Ok(error))) => {
+            state::with_session(generation, |s| {
+                s.emit_record(|seq, pass| {
+                    Event::Quant(QuantEvent {
+                        seq,
+                        pass,
+                        tracepoint: Cow::Borrowed(cs.tracepoint().name),
+                        function: Cow::Owned(cs.tracepoint().path()),
+                        error,
+                    })
+                });
+            });
+        }
+        (Ok(()), None) => {}
     }
 }
 

@@ -1,16 +1,18 @@
 //! The static list of tracepoints compiled into the program.
 //!
-//! Every annotated function registers its [`Tracepoint`] through `inventory` at compile time,
-//! so a program can print what it is able to trace before it runs anything.
+//! Every annotation (an attribute such as `#[trace_layer]`, or an inline macro such as
+//! `trace_tensor!`) defines a static [`Tracepoint`] and submits it to `inventory`, which collects
+//! them when the program starts (before `main`, through the platform's static constructors), so
+//! a program can print what it is able to trace before it runs anything.
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::__private::Registered;
 
 /// What a tracepoint records. `Display` gives the lowercase name that filters use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TracepointKind {
     /// `#[trace_model]`: one forward pass.
@@ -84,6 +86,16 @@ pub struct Tracepoint {
 }
 
 impl Tracepoint {
+    /// `module_path::function`, or the module path alone for an inline macro outside an
+    /// annotated function.
+    pub fn path(&self) -> String {
+        if self.function.is_empty() {
+            self.module_path.to_owned()
+        } else {
+            format!("{}::{}", self.module_path, self.function)
+        }
+    }
+
     /// Orders by kind, module, name, then location, so listings are stable across builds:
     /// inventory's own order depends on the linker.
     fn sort_key(&self) -> (TracepointKind, &str, &str, &str, u32) {

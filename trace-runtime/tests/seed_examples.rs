@@ -5,7 +5,7 @@
 use trace_runtime::{
     AttentionTraceConfig, AttentionWeightTrace, KvCacheSessionTrace, KvCacheStateTrace,
     LayerActivationTrace, LogitEvolutionTrace, ModelActivationTrace, ModelTracer,
-    ModelTracerConfig, QuantType, QuantizationErrorTrace, TensorStats,
+    ModelTracerConfig, QuantType, QuantizationErrorTrace, Stage, TensorStats,
 };
 
 /// A deterministic hidden state for layer `layer`, so the examples have real data to trace.
@@ -79,9 +79,13 @@ fn layer_activation_trace() {
         let output = hidden(layer_idx + 1, 0);
         let mut layer = LayerActivationTrace::new(layer_idx);
         layer.input_stats = TensorStats::from_slice(&input);
-        layer.post_norm_stats = TensorStats::from_slice(&after_norm);
-        layer.post_attn_stats = TensorStats::from_slice(&after_attn);
-        layer.post_ffn_stats = TensorStats::from_slice(&after_ffn);
+        // The seed's post_norm / post_attn / post_ffn slots, in this crate's stage vocabulary.
+        layer.set_stage(Stage::AttnIn.as_str(), TensorStats::from_slice(&after_norm));
+        layer.set_stage(
+            Stage::ResidMid.as_str(),
+            TensorStats::from_slice(&after_attn),
+        );
+        layer.set_stage(Stage::MlpOut.as_str(), TensorStats::from_slice(&after_ffn));
         layer.output_stats = TensorStats::from_slice(&output);
         // The seed calls an undefined `compute_residual_ratio(&output, &after_attn)`; ours is
         // defined on the block's input and output (see LayerActivationTrace::residual_ratio_of).

@@ -31,7 +31,6 @@ mod disabled {
         __private::record_stage(&LAYER, "post_norm", probe!(&x));
         drop((layer, model));
         assert!(session.errors().is_empty());
-        assert!(session.with_tracer(|_| ()).is_none());
         let tracer = session.finish();
         assert!(
             tracer.config().trace_attention,
@@ -148,7 +147,7 @@ mod enabled {
         let first = &tracer.activation_traces()[0].layers[0];
         assert_eq!(first.input_stats.count, 8);
         assert_eq!(first.output_stats.count, 8);
-        assert_eq!(first.post_attn_stats, first.output_stats);
+        assert_eq!(first.stage("post_attn"), Some(&first.output_stats));
         assert!((first.input_stats.max - 3.0).abs() < 1e-6);
     }
 
@@ -246,10 +245,8 @@ mod enabled {
         let tracer = session.finish();
         assert_eq!(layer_indices(&tracer), vec![vec![0, 1]]);
         assert_eq!(
-            tracer.activation_traces()[0].layers[0]
-                .post_attn_stats
-                .count,
-            0
+            tracer.activation_traces()[0].layers[0].stage("post_attn"),
+            None
         );
 
         // The layer is filtered out but still numbers the stages recorded inside it.
@@ -259,7 +256,7 @@ mod enabled {
         assert_eq!(layer_indices(&tracer), vec![vec![0, 1]]);
         let layer = &tracer.activation_traces()[0].layers[1];
         assert_eq!(layer.input_stats.count, 0);
-        assert_eq!(layer.post_attn_stats.count, 8);
+        assert_eq!(layer.stage("post_attn").map(|s| s.count), Some(8));
 
         let session = Session::with_filter(config.clone(), "attention:*").unwrap();
         forward(&X, 2, None);
@@ -291,9 +288,9 @@ mod enabled {
         // `block` records no statistics of its own; the stage admitted inside it still joins it.
         let layers = &filtered.activation_traces()[0].layers;
         assert_eq!(layers.len(), 2);
-        assert!(layers
-            .iter()
-            .all(|l| l.input_stats.count == 0 && l.post_attn_stats.count == 8));
+        assert!(layers.iter().all(
+            |l| l.input_stats.count == 0 && l.stage("post_attn").is_some_and(|s| s.count == 8)
+        ));
         assert!(invalid.is_err());
         assert_eq!(errors.len(), 1);
         assert!(errors[0].message.contains("bogus"), "{}", errors[0]);
@@ -358,6 +355,7 @@ mod enabled {
         __private::record_kv_cache(
             callsite!(KvCache, "kv"),
             KvCacheStep {
+                layer: None,
                 len: Some(3),
                 capacity: Some(16),
                 bytes: Some(1024),
@@ -391,7 +389,10 @@ mod enabled {
         assert_eq!(rows, vec![(0, 1), (0, 2), (1, 1), (1, 2)]);
         assert_eq!(attention[0].top_k_positions[0], 0);
 
-        assert_eq!(tracer.logit_traces().len(), 1);
+        // [2, 10] logits are two batch rows: one logit trace each.
+        let logits = tracer.logit_traces();
+        assert_eq!(logits.iter().map(|t| t.batch).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(logits[1].tracked_tokens[0].token_id, 3);
         assert_eq!(tracer.kv_trace().steps.len(), 1);
         assert_eq!(tracer.kv_trace().steps[0].valid_positions, 3);
         assert_eq!(tracer.quant_traces().len(), 1);

@@ -1,4 +1,4 @@
-//! `minilm [--trace off|lightweight|full] "some sentence"`: the token ids, the start of the
+//! `minilm [--trace off|lightweight|full] [--trace-out FILE] "some sentence"`: the token ids, the start of the
 //! sentence embedding, and for every layer and head which token each token attends to most.
 //! Built with `--features trace` it also lists the model's tracepoints at startup, runs the
 //! forward pass in a model-trace session and ends with the tracer's summary.
@@ -14,7 +14,10 @@ use model_trace::{ModelTracer, ModelTracerConfig, RecordError, Session};
 
 const DEFAULT_SENTENCE: &str = "This is an example sentence";
 const SHOWN_DIMS: usize = 8;
-const USAGE: &str = "usage: minilm [--trace off|lightweight|full] [SENTENCE]";
+const USAGE: &str = "usage: minilm [--trace off|lightweight|full] [--trace-out FILE [--capture PATTERN]] \
+                     [SENTENCE]\n\
+                     --trace-out writes the trace file (also MODEL_TRACE_OUT=FILE), --capture saves \
+                     the tensors it selects in full beside it (also MODEL_TRACE_CAPTURE)";
 
 /// How much the session records around the forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,12 +50,15 @@ impl TraceLevel {
 struct Args {
     text: String,
     trace: TraceLevel,
+    trace_out: Option<String>,
+    capture: Option<String>,
 }
 
 /// `Err(String::new())` asks for the usage line alone (`--help`).
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut words = Vec::new();
     let mut trace = TraceLevel::DEFAULT;
+    let (mut trace_out, mut capture) = (None, None);
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -75,6 +81,20 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     }
                 };
             }
+            "--trace-out" => {
+                trace_out = Some(
+                    inline
+                        .or_else(|| args.next())
+                        .ok_or("--trace-out needs a file")?,
+                );
+            }
+            "--capture" => {
+                capture = Some(
+                    inline
+                        .or_else(|| args.next())
+                        .ok_or("--capture needs a pattern")?,
+                );
+            }
             "-h" | "--help" => return Err(String::new()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => words.push(arg),
@@ -85,7 +105,12 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     } else {
         words.join(" ")
     };
-    Ok(Args { text, trace })
+    Ok(Args {
+        text,
+        trace,
+        trace_out,
+        capture,
+    })
 }
 
 fn main() -> ExitCode {
@@ -129,7 +154,13 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("note: built without `--features trace`; --trace has nothing to record");
         TraceLevel::Off
     };
-    let session = level.config().map(Session::start);
+    let session = match level.config() {
+        Some(config) => Some(start_session(config, args, &files)?),
+        None => None,
+    };
+    let trace_file = session
+        .as_ref()
+        .and_then(|s| s.trace_file().map(|p| p.to_path_buf()));
     let forward = model.forward_with_attention(&ids, &mask);
     let traced = session.map(Session::finish_with_errors);
     let (hidden, attention) = forward?;
@@ -181,7 +212,40 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some((tracer, errors)) = &traced {
         write_trace_report(&mut report, tracer, errors, source)?;
     }
+    if let Some(file) = trace_file {
+        let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+        writeln!(
+            report,
+            "trace file: {} ({:.1} kB; format: docs/trace-format.md)",
+            file.display(),
+            bytes as f64 / 1e3
+        )?;
+    }
     print_report(&report)
+}
+
+/// The session of a traced run: the environment's settings, the command line's `--trace-out`
+/// and `--capture` over them, and what the header should say about the run. A trace file asked
+/// for on the command line must be writable; one from the environment is skipped with a note.
+fn start_session(
+    config: ModelTracerConfig,
+    args: &Args,
+    files: &weights::ModelFiles,
+) -> Result<Session, model_trace::SessionError> {
+    let mut builder = Session::builder(config)
+        .from_env()
+        .model("all-MiniLM-L6-v2")
+        .weights(files.weights.display().to_string())
+        .prompt(args.text.clone())
+        .dtype("f32")
+        .device("cpu");
+    if let Some(capture) = &args.capture {
+        builder = builder.capture(capture.clone());
+    }
+    match &args.trace_out {
+        Some(path) => builder.trace_file(path).start(),
+        None => Ok(builder.start_lenient()),
+    }
 }
 
 fn write_trace_report(

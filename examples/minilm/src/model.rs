@@ -4,10 +4,10 @@
 //! Every quantity a tracer reports is reachable on its own, and annotated for model-trace (the
 //! annotations compile to nothing unless the `trace` feature is on): `Model::forward` is the
 //! whole pass (`#[trace_model]`), `Layer::forward` one encoder layer (`#[trace_layer]`, numbered
-//! by the layer's own index), `post_attn` / `post_ffn` are named bindings inside it
-//! (`trace_tensor!`), and `SelfAttention::attention_probs` returns exactly the softmaxed
-//! attention (`#[trace_attention]`, recorded under the enclosing layer). The tracer reads batch
-//! row 0 of the attention, so a padded batch traces its first sentence.
+//! by the layer's own index), `attn_out` / `resid_mid` / `mlp_out` are named bindings inside it
+//! (`trace_tensor!`, with the meanings of `model_trace::Stage`), and
+//! `SelfAttention::attention_probs` returns exactly the softmaxed attention
+//! (`#[trace_attention]`, recorded under the enclosing layer, every batch row).
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -203,21 +203,24 @@ impl Layer {
     }
 
     /// `hidden`: `[batch, seq, hidden]`; `mask`: the additive bias from `Model::attention_bias`.
-    /// Post-LN, so the layer's output is `post_ffn` itself (recorded both as the `post_ffn` stage
-    /// and as the layer's output, so the record reads like a pre-LN model's).
+    ///
+    /// Post-LN, so in the stage vocabulary of `model_trace::Stage`: `attn_out` is the
+    /// attention's output projection, `resid_mid` the norm of `hidden + attn_out` (what the MLP
+    /// reads and is added to), `mlp_out` the MLP's output projection; the layer's output is the
+    /// norm of `resid_mid + mlp_out`.
     #[trace_layer(index = self.index())]
     pub fn forward(&self, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let probs = self.attention.attention_probs(hidden, mask)?;
         capture_attention(&probs);
         let context = self.attention.context(hidden, &probs)?;
-        let attended = (self.attention_out.forward(&context)? + hidden)?;
-        let post_attn = self.attention_norm.forward(&attended)?;
-        trace_tensor!("post_attn", &post_attn);
-        let activated = self.intermediate.forward(&post_attn)?.gelu_erf()?;
-        let fed_forward = (self.output.forward(&activated)? + &post_attn)?;
-        let post_ffn = self.output_norm.forward(&fed_forward)?;
-        trace_tensor!("post_ffn", &post_ffn);
-        Ok(post_ffn)
+        let attn_out = self.attention_out.forward(&context)?;
+        trace_tensor!("attn_out", &attn_out);
+        let resid_mid = self.attention_norm.forward(&(&attn_out + hidden)?)?;
+        trace_tensor!("resid_mid", &resid_mid);
+        let activated = self.intermediate.forward(&resid_mid)?.gelu_erf()?;
+        let mlp_out = self.output.forward(&activated)?;
+        trace_tensor!("mlp_out", &mlp_out);
+        self.output_norm.forward(&(mlp_out + &resid_mid)?)
     }
 }
 

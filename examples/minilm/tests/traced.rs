@@ -12,8 +12,8 @@ use common::{encode, fixture, ReferenceBert, SENTENCE, SENTENCE_EMBEDDING_START,
 use minilm::report::{token_labels, StrongestKeys};
 use minilm::Model;
 use model_trace::{
-    ActivationAnomalyKind, LayerActivationTrace, ModelTracer, ModelTracerConfig, Session,
-    TensorStats, TraceFilter, RESIDUAL_DOMINANCE_THRESHOLD,
+    ActivationAnomalyKind, Event, LayerActivationTrace, ModelTracer, ModelTracerConfig, Session,
+    TensorStats, TraceFilter, TraceReader, RESIDUAL_DOMINANCE_THRESHOLD,
 };
 
 const LAYERS: usize = 6;
@@ -105,6 +105,47 @@ fn tracing_changes_nothing_and_the_embedding_still_matches() {
 }
 
 #[test]
+fn a_trace_file_reads_back_to_the_tracer_kept_in_memory() {
+    let fixture = fixture();
+    let (ids, mask) = encode(&fixture, SENTENCE).to_tensors(&Device::Cpu).unwrap();
+    let path = std::env::temp_dir().join(format!("minilm-traced-{}.ndjson", std::process::id()));
+    let session = Session::builder(ModelTracerConfig::full())
+        .trace_file(&path)
+        .capture("layer:*")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let hidden = fixture.model.forward(&ids, &mask).unwrap();
+    let (in_memory, errors) = session.finish_with_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+
+    let mut reader = TraceReader::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let events: Vec<Event> = (&mut reader)
+        .map(|e| e.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let replayed = ModelTracer::from_events(reader.header().config.clone(), &events);
+    let json = |t: &ModelTracer| serde_json::to_string(t).unwrap();
+    assert!(
+        json(&replayed) == json(&in_memory),
+        "the replayed tracer differs"
+    );
+
+    // The last layer's output, captured in full, is the model's output bit for bit.
+    let last = events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::Layer(layer) if layer.layer == LAYERS - 1 => layer.stage("output"),
+            _ => None,
+        })
+        .expect("the last layer's output");
+    let reference = last.tensor.capture.as_ref().expect("captured");
+    let (shape, captured) = model_trace::read_capture(&path, reference).unwrap();
+    assert_eq!(shape, hidden.dims());
+    let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(as_bits(&captured), bits(&hidden));
+}
+
+#[test]
 fn layer_records_hold_the_statistics_of_each_layers_hidden_state() {
     let fixture = fixture();
     let reference = ReferenceBert::load(&fixture.files);
@@ -135,9 +176,15 @@ fn layer_records_hold_the_statistics_of_each_layers_hidden_state() {
             "layer {k} output: {field} off by {error:e}\nrecorded  {:?}\nreference {expected:?}",
             layer.output_stats
         );
-        // Post-LN: the layer returns `post_ffn` itself; `post_attn` is a hidden state too.
-        assert_eq!(layer.post_ffn_stats, layer.output_stats);
-        assert_eq!(layer.post_attn_stats.count, TOKENS * 384);
+        let names: Vec<&str> = layer.stages().map(|(name, _)| name).collect();
+        assert_eq!(
+            names,
+            ["input", "attn_out", "resid_mid", "mlp_out", "output"]
+        );
+        assert_eq!(
+            layer.stage("resid_mid").map(|s| s.count),
+            Some(TOKENS * 384)
+        );
         if k > 0 {
             assert_eq!(layer.input_stats, pass.layers[k - 1].output_stats);
         }
@@ -248,7 +295,9 @@ fn nan_in_one_layer_is_reported_at_that_layer_and_not_earlier() {
             "NaN before layer 3: {layer:?}"
         );
     }
-    assert!(pass.layers[3].post_attn_stats.nan_count > 0);
+    assert!(pass.layers[3]
+        .stage("attn_out")
+        .is_some_and(|s| s.nan_count > 0));
     assert_eq!(
         pass.anomaly_layer,
         Some(3),
@@ -258,7 +307,7 @@ fn nan_in_one_layer_is_reported_at_that_layer_and_not_earlier() {
     assert_eq!(pass.anomaly_kind, Some(ActivationAnomalyKind::Nan));
     let description = pass.anomaly_desc.as_deref().unwrap_or_default();
     assert!(
-        description.starts_with("layer 3 post_attn: NaN"),
+        description.starts_with("layer 3 attn_out: NaN"),
         "{description}"
     );
     // Every later layer is poisoned too; the report still names the first.

@@ -13,6 +13,8 @@ pub enum Error {
     Tokenizer(String),
     Candle(candle_core::Error),
     Io(std::io::Error),
+    /// The tracing session could not start (a trace file that cannot be created, a bad filter).
+    Trace(model_trace::SessionError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -25,6 +27,7 @@ impl fmt::Display for Error {
             Error::Tokenizer(msg) => write!(f, "tokenizer: {msg}"),
             Error::Candle(err) => write!(f, "candle: {err}"),
             Error::Io(err) => write!(f, "io: {err}"),
+            Error::Trace(err) => write!(f, "trace: {err}"),
         }
     }
 }
@@ -34,6 +37,7 @@ impl std::error::Error for Error {
         match self {
             Error::Candle(err) => Some(err),
             Error::Io(err) => Some(err),
+            Error::Trace(err) => Some(err),
             _ => None,
         }
     }
@@ -48,5 +52,11 @@ impl From<candle_core::Error> for Error {
 impl From<std::io::Error> for Error {
     fn from(err: std::io::Error) -> Self {
         Error::Io(err)
+    }
+}
+
+impl From<model_trace::SessionError> for Error {
+    fn from(err: model_trace::SessionError) -> Self {
+        Error::Trace(err)
     }
 }

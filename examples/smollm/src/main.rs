@@ -1,21 +1,25 @@
 //! `smollm "The capital of France is"`: greedy continuation of a prompt with SmolLM2-135M,
 //! traced by model-trace when built with `--features trace`.
 
-use model_trace::Session;
+use model_trace::{Session, SessionBuilder};
 use smollm::generate::{greedy, load};
 use smollm::report::quant_figures;
 use smollm::{weights, TraceLevel};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|full-noquant|full] \
-                     [--logit-lens] PROMPT\n\
-                     --trace defaults to full when built with --features trace, else off";
+                     [--logit-lens] [--trace-out FILE [--capture PATTERN]] PROMPT\n\
+                     --trace defaults to full when built with --features trace, else off;\n\
+                     --trace-out writes the trace file (also MODEL_TRACE_OUT=FILE), --capture saves \
+                     the tensors it selects in full beside it (also MODEL_TRACE_CAPTURE)";
 
 struct Args {
     prompt: String,
     max_tokens: usize,
     trace: TraceLevel,
     logit_lens: bool,
+    trace_out: Option<String>,
+    capture: Option<String>,
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -23,6 +27,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut max_tokens = 16;
     let mut trace = TraceLevel::DEFAULT;
     let mut logit_lens = false;
+    let (mut trace_out, mut capture) = (None, None);
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -44,6 +49,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--trace" => trace = value("--trace")?.parse()?,
             "--logit-lens" => logit_lens = true,
+            "--trace-out" => trace_out = Some(value("--trace-out")?),
+            "--capture" => capture = Some(value("--capture")?),
             "-h" | "--help" => return Err(String::new()),
             f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
             _ if prompt.is_some() => return Err("give the prompt as one argument".into()),
@@ -55,6 +62,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         max_tokens,
         trace,
         logit_lens,
+        trace_out,
+        capture,
     })
 }
 
@@ -88,7 +97,16 @@ fn run(args: &Args) -> smollm::Result<()> {
     model.logit_lens = args.logit_lens;
 
     let level = args.trace.effective();
-    let session = level.config().map(Session::start);
+    let session = match level.config() {
+        Some(config) => Some(start_session(
+            Session::builder(config).weights(path.display().to_string()),
+            args,
+        )?),
+        None => None,
+    };
+    let trace_file = session
+        .as_ref()
+        .and_then(|s| s.trace_file().map(|p| p.to_path_buf()));
     let generation = greedy(&mut model, &tokenizer, &args.prompt, args.max_tokens);
     let traced = session.map(Session::finish_with_errors);
     let generation = generation?;
@@ -112,6 +130,14 @@ fn run(args: &Args) -> smollm::Result<()> {
             eprintln!("model-trace: not recorded: {error}");
         }
     }
+    if let Some(file) = trace_file {
+        let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+        println!(
+            "trace file: {} ({:.1} MB; format: docs/trace-format.md)",
+            file.display(),
+            bytes as f64 / 1e6
+        );
+    }
     match (generation.median_decode(), generation.fastest_decode()) {
         (Some(median), Some(fastest)) => println!(
             "decode: {:.1} ms/token (median of {} steps, fastest {:.1} ms; prefill of {} tokens {:.1} ms)",
@@ -124,4 +150,23 @@ fn run(args: &Args) -> smollm::Result<()> {
         _ => println!("decode: no decode steps (--max-tokens below 2 or immediate EOS)"),
     }
     Ok(())
+}
+
+/// The session of a traced run: the environment's settings, the command line's `--trace-out`
+/// and `--capture` over them, and what the header should say about the run. A trace file asked
+/// for on the command line must be writable; one from the environment is skipped with a note.
+fn start_session(builder: SessionBuilder, args: &Args) -> smollm::Result<Session> {
+    let mut builder = builder
+        .from_env()
+        .model("SmolLM2-135M-Instruct (Q4_1 GGUF)")
+        .prompt(args.prompt.clone())
+        .dtype("Q4_1 and Q8_0 weights, f32 activations")
+        .device("cpu");
+    if let Some(capture) = &args.capture {
+        builder = builder.capture(capture.clone());
+    }
+    match &args.trace_out {
+        Some(path) => Ok(builder.trace_file(path).start()?),
+        None => Ok(builder.start_lenient()),
+    }
 }

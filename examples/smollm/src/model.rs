@@ -5,11 +5,11 @@
 //! |-------------------------------------------|----------------------------------------|
 //! | `#[trace_model(position = position)]`     | [`Model::forward`]                     |
 //! | `#[trace_layer]`                          | [`Block::forward`]                     |
-//! | `trace_tensor!("post_norm" / "post_attn" / "post_ffn")` | the `let`s of the same names in [`Block::forward`] |
+//! | `trace_tensor!("attn_in" / "attn_out" / "resid_mid" / "mlp_in" / "mlp_out")` | the `let`s of the same names in [`Block::forward`] (the stage vocabulary of `model_trace::Stage`) |
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
 //! | `#[trace_logits]`                         | [`Model::logits`]                      |
 //! | `trace_logits_value!(&lens, layer = i)` (logit lens) | `lens` in [`Model::forward`] |
-//! | `#[trace_kv_cache]`                       | `Model::kv_cache_step`, once per forward pass |
+//! | `#[trace_kv_cache]`                       | [`KvCache::append`]: each layer's cache, once per forward pass |
 //! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | `QuantLinear::forward_q4_1` / `forward_q8_0` |
 //!
 //! Built without the `trace` feature the annotations are compiled out.
@@ -245,7 +245,8 @@ impl KvCache {
     }
 
     /// Appends `k`, `v` (`[batch, kv_heads, new, head_dim]`) and returns every cached position,
-    /// the new ones included.
+    /// the new ones included. Traced as one step of this layer's cache (the enclosing layer).
+    #[trace_kv_cache(len = self.len, capacity = self.capacity, bytes = self.bytes())]
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let new = k.dim(2)?;
         let needed = self.len + new;
@@ -428,22 +429,27 @@ impl Block {
     /// One pre-norm transformer block over `x: [batch, seq, hidden]` whose first row is at
     /// `position`; returns the residual stream after the block.
     ///
-    /// Stages, for the layer record:
-    /// - `post_norm`: the attention norm's output (what the attention reads);
-    /// - `post_attn`: the residual stream after the attention is added, `x + attn(post_norm)`;
-    /// - `post_ffn`: the MLP's output before it is added to the stream (after the add it would
-    ///   be the block's output, which the layer record already holds).
+    /// Stages, for the layer record (the meanings of `model_trace::Stage`):
+    /// - `attn_in`: the attention norm's output, what the attention reads;
+    /// - `attn_out`: the attention's output after `o_proj`, before the residual add;
+    /// - `resid_mid`: the residual stream after the add, `x + attn_out`;
+    /// - `mlp_in`: the MLP norm's output, what the MLP reads;
+    /// - `mlp_out`: the MLP's output after `down_proj`, before the residual add.
     ///
     /// The layer's index is its call order within the forward pass.
     #[trace_layer]
     pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
-        let post_norm = self.attn_norm.forward(x)?;
-        trace_tensor!("post_norm", &post_norm);
-        let post_attn = (x + self.attn.forward(&post_norm, position, cache)?)?;
-        trace_tensor!("post_attn", &post_attn);
-        let post_ffn = self.mlp.forward(&self.ffn_norm.forward(&post_attn)?)?;
-        trace_tensor!("post_ffn", &post_ffn);
-        &post_attn + &post_ffn
+        let attn_in = self.attn_norm.forward(x)?;
+        trace_tensor!("attn_in", &attn_in);
+        let attn_out = self.attn.forward(&attn_in, position, cache)?;
+        trace_tensor!("attn_out", &attn_out);
+        let resid_mid = (x + &attn_out)?;
+        trace_tensor!("resid_mid", &resid_mid);
+        let mlp_in = self.ffn_norm.forward(&resid_mid)?;
+        trace_tensor!("mlp_in", &mlp_in);
+        let mlp_out = self.mlp.forward(&mlp_in)?;
+        trace_tensor!("mlp_out", &mlp_out);
+        &resid_mid + &mlp_out
     }
 
     pub fn attention(&self) -> &Attention {
@@ -573,20 +579,8 @@ impl Model {
                 self.lens.push(lens);
             }
         }
-        self.kv_cache_step();
         self.logits(&last_position(&x)?)?.squeeze(0)
     }
-
-    /// One KV-cache record per forward pass, i.e. per generated token, describing the whole
-    /// cache: positions held (every layer holds the same), the positions one layer's buffers
-    /// can hold, and the bytes of all layers' buffers. Annotating the per-layer append instead
-    /// would record 30 steps per token, each seeing one thirtieth of the memory.
-    #[trace_kv_cache(
-        len = self.cached_len(),
-        capacity = self.caches.first().map_or(0, KvCache::capacity),
-        bytes = self.caches.iter().map(KvCache::bytes).sum::<usize>(),
-    )]
-    fn kv_cache_step(&self) {}
 
     /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`.
     #[trace_logits]

@@ -7,7 +7,8 @@
 
 use candle_core::quantized::GgmlDType;
 use model_trace::{
-    ActivationAnomalyKind, ModelTracer, ModelTracerConfig, QuantType, RecordError, Session,
+    ActivationAnomalyKind, Event, ModelTracer, ModelTracerConfig, QuantType, RecordError, Session,
+    TraceReader,
 };
 use smollm::generate::load;
 use smollm::model::argmax;
@@ -51,15 +52,23 @@ struct FullRun {
     matmul_formats: Vec<GgmlDType>,
     kv_capacity: usize,
     kv_bytes: usize,
+    /// The trace file the session wrote besides keeping the records in memory.
+    trace_file: std::path::PathBuf,
 }
 
-/// `STEPS` passes of greedy decoding inside a full session, shared by the tests below.
+/// `STEPS` passes of greedy decoding inside a full session that also writes a trace file,
+/// shared by the tests below.
 fn full_run() -> &'static FullRun {
     static RUN: OnceLock<FullRun> = OnceLock::new();
     RUN.get_or_init(|| {
         let (mut model, tokenizer) = model();
         let prompt = tokenizer.encode(PROMPT).unwrap();
-        let session = Session::start(ModelTracerConfig::full());
+        let trace_file =
+            std::env::temp_dir().join(format!("smollm-traced-{}.ndjson", std::process::id()));
+        let session = Session::builder(ModelTracerConfig::full())
+            .trace_file(&trace_file)
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"));
         let (generated, logits) = decode(&mut model, &prompt, STEPS);
         let (tracer, errors) = session.finish_with_errors();
         FullRun {
@@ -77,6 +86,7 @@ fn full_run() -> &'static FullRun {
                 .collect(),
             kv_capacity: model.caches()[0].capacity(),
             kv_bytes: model.caches().iter().map(|c| c.bytes()).sum(),
+            trace_file,
         }
     })
 }
@@ -98,6 +108,39 @@ fn full_session_answers_paris_without_record_errors() {
     let summary = run.tracer.summary();
     assert_eq!(summary.total_forwards, STEPS);
     assert_eq!(summary.layers_per_pass, 30);
+}
+
+#[test]
+fn the_trace_file_reads_back_to_the_tracer_kept_in_memory() {
+    let run = full_run();
+    let mut reader = TraceReader::open(&run.trace_file).unwrap_or_else(|e| panic!("{e}"));
+    let events: Vec<Event> = (&mut reader)
+        .map(|e| e.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let header = reader.header();
+    assert_eq!(header.config, ModelTracerConfig::full());
+    let replayed = ModelTracer::from_events(header.config.clone(), &events);
+    let json = |t: &ModelTracer| serde_json::to_string(t).unwrap();
+    assert!(
+        json(&replayed) == json(&run.tracer),
+        "the replayed tracer differs"
+    );
+    assert_eq!(replayed.summary(), run.tracer.summary());
+    // Every tensor of a CPU run carries a digest; the final logits are those the model returned.
+    let last_logits = events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::Logits(logits) => Some(logits),
+            _ => None,
+        })
+        .expect("logits events");
+    let expected = model_trace::Fingerprint::of(run.logits.last().unwrap());
+    assert_eq!(last_logits.logits.fingerprint, Some(expected));
+    assert_eq!(
+        last_logits.batch_rows[0].top_tokens[0],
+        *run.generated.last().unwrap()
+    );
 }
 
 #[test]
@@ -126,13 +169,20 @@ fn every_pass_records_thirty_layers_with_every_stage() {
         assert_eq!(pass.layers.len(), run.config.num_layers, "pass {p}");
         for (i, layer) in pass.layers.iter().enumerate() {
             assert_eq!(layer.layer_idx, i);
-            for (stage, stats) in [
-                ("input", &layer.input_stats),
-                ("post_norm", &layer.post_norm_stats),
-                ("post_attn", &layer.post_attn_stats),
-                ("post_ffn", &layer.post_ffn_stats),
-                ("output", &layer.output_stats),
-            ] {
+            let names: Vec<&str> = layer.stages().map(|(name, _)| name).collect();
+            assert_eq!(
+                names,
+                [
+                    "input",
+                    "attn_in",
+                    "attn_out",
+                    "resid_mid",
+                    "mlp_in",
+                    "mlp_out",
+                    "output"
+                ]
+            );
+            for (stage, stats) in layer.stages() {
                 assert_eq!(stats.count, count, "pass {p} layer {i} {stage}");
                 assert_eq!(stats.nan_count + stats.inf_count, 0);
                 assert!(stats.std > 0.0, "pass {p} layer {i} {stage}: {stats:?}");
@@ -146,18 +196,22 @@ fn every_pass_records_thirty_layers_with_every_stage() {
 }
 
 #[test]
-fn one_kv_cache_step_per_generated_token() {
+fn one_kv_cache_step_per_layer_and_generated_token() {
     let run = full_run();
-    let steps = &run.tracer.kv_trace().steps;
-    assert_eq!(steps.len(), run.generated.len());
-    for (i, step) in steps.iter().enumerate() {
-        assert_eq!(step.valid_positions, run.prompt_len + i);
+    let c = &run.config;
+    let kv = run.tracer.kv_trace();
+    assert_eq!(kv.steps.len(), run.generated.len() * c.num_layers);
+    for (i, step) in kv.steps.iter().enumerate() {
+        let (pass, layer) = (i / c.num_layers, i % c.num_layers);
+        assert_eq!((step.layer, step.step), (Some(layer), pass), "step {i}");
+        assert_eq!(step.valid_positions, run.prompt_len + pass);
         assert_eq!(step.capacity, run.kv_capacity);
-        assert_eq!(step.cache_size_bytes, run.kv_bytes);
+        assert_eq!(step.cache_size_bytes, run.kv_bytes / c.num_layers);
         assert_eq!(step.evictions_this_step, 0);
     }
-    // Keys and values, f32, the whole capacity, every layer.
-    let c = &run.config;
+    // The session's peak is the sum over the layers' caches: keys and values, f32, the whole
+    // capacity, every layer.
+    assert_eq!(kv.peak_memory_bytes, run.kv_bytes);
     assert_eq!(
         run.kv_bytes,
         c.num_layers * 2 * run.kv_capacity * c.num_kv_heads * c.head_dim * 4
@@ -288,7 +342,8 @@ fn a_nan_in_layer_7_is_reported_at_layer_7_and_not_earlier() {
         }
         let tokens = pass.layers[POISONED].input_stats.count / model.config().hidden_size;
         // One NaN per row, in the first channel of the norm's output.
-        assert_eq!(pass.layers[POISONED].post_norm_stats.nan_count, tokens);
+        let attn_in = pass.layers[POISONED].stage("attn_in").map(|s| s.nan_count);
+        assert_eq!(attn_in, Some(tokens));
         assert!(pass.has_anomaly, "position {position}");
         assert_eq!(
             (pass.anomaly_layer, pass.anomaly_kind),

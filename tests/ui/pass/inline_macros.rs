@@ -10,7 +10,7 @@ use model_trace::{
 #[trace_layer(index = 5)]
 fn block(x: &[f32]) -> Vec<f32> {
     let normed: Vec<f32> = x.iter().map(|v| v / 2.0).collect();
-    trace_tensor!("post_norm", &normed);
+    trace_tensor!("attn_in", &normed);
     let probs = vec![0.5_f32, 0.5];
     trace_attention_value!(&probs);
     trace_attention_value!(probs, layer = 7_u8, name = "cross");
@@ -26,8 +26,8 @@ fn main() {
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {
         let layer = &tracer.activation_traces()[0].layers[0];
-        assert_eq!(layer.post_norm_stats.mean, 1.5);
-        assert_eq!(layer.other_stages[0].0, "gate");
+        assert_eq!(layer.stage("attn_in").map(|s| s.mean), Some(1.5));
+        assert_eq!(layer.stages[1].0, "gate");
         let layers: Vec<_> = tracer
             .attention_traces()
             .iter()

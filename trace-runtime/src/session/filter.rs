@@ -20,6 +20,7 @@ use crate::registry::{Tracepoint, TracepointKind};
 /// `*attn*`, `smollm::model::*`, `*,-tensor:*`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TraceFilter {
+    source: String,
     patterns: Vec<Pattern>,
 }
 
@@ -49,6 +50,15 @@ impl fmt::Display for FilterError {
 
 impl std::error::Error for FilterError {}
 
+impl FilterError {
+    pub(crate) fn new(pattern: &str, reason: &str) -> Self {
+        Self {
+            pattern: pattern.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+}
+
 impl TraceFilter {
     /// The filter that admits every tracepoint.
     pub fn all() -> Self {
@@ -63,7 +73,10 @@ impl TraceFilter {
             .filter(|pattern| !pattern.is_empty())
             .map(Pattern::parse)
             .collect::<Result<_, _>>()?;
-        Ok(Self { patterns })
+        Ok(Self {
+            source: filter.trim().to_owned(),
+            patterns,
+        })
     }
 
     /// Whether the session records `tracepoint`.
@@ -103,6 +116,13 @@ impl TraceFilter {
     }
 }
 
+impl fmt::Display for TraceFilter {
+    /// The text it was parsed from (empty for [`TraceFilter::all`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
 impl FromStr for TraceFilter {
     type Err = FilterError;
 
@@ -113,10 +133,7 @@ impl FromStr for TraceFilter {
 
 impl Pattern {
     fn parse(text: &str) -> Result<Self, FilterError> {
-        let error = |reason: &str| FilterError {
-            pattern: text.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let error = |reason: &str| FilterError::new(text, reason);
         let (exclude, rest) = match text.strip_prefix('-') {
             Some(rest) => (true, rest.trim_start()),
             None => (false, text),

@@ -1,20 +1,31 @@
-//! The thread-local state behind [`Session`](super::Session) and the hooks in `__private`.
+//! The thread-local state behind [`Session`](super::Session) and the hooks in `__private`: the
+//! one owner of the pass and layer context, which turns what hooks read into events and hands
+//! them to the session's sinks.
 //!
 //! Two thread-locals: the generation of the active session in a `Cell<u32>` (the only thing
 //! the fast path reads), and the stack of sessions in a `RefCell`, borrowed only by hooks of
 //! tracepoints that are active. A hook never holds the borrow while it calls into tensor code,
 //! so a user `TraceTensor` that itself reaches a tracepoint cannot cause a double borrow.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{RecordError, TraceFilter};
+use super::capture::CaptureFilter;
+use super::clock;
+use super::errors::{ErrorBook, RecordError, RecordErrorKind};
+use super::{ModelTracerConfig, TraceFilter};
 use crate::__private::Callsite;
-use crate::activation::LayerActivationTrace;
+use crate::analysis::PassRecorder;
+use crate::format::CaptureWriter;
+use crate::record::{
+    ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
+    SessionEnd, StageEvent, TraceHeader,
+};
 use crate::registry::{Tracepoint, TracepointKind};
-use crate::stats::TensorStats;
-use crate::tracer::{ModelTracer, ModelTracerConfig};
+use crate::sink::{LayerBegin, ModelTracer, TraceSink};
+use crate::summary::{DigestPolicy, TensorSummary};
 
 thread_local! {
     /// Generation of the session recording on this thread; 0 when none.
@@ -26,10 +37,6 @@ thread_local! {
 /// Generations are unique across threads, so a callsite's cached decision, keyed by
 /// generation, can never be mistaken for another session's.
 static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
-
-/// Distinct error messages kept per session; a tracepoint failing on every call with a new
-/// shape must not grow memory without bound.
-const MAX_ERRORS: usize = 256;
 
 /// Decision bit: the tracepoint's hook runs (for `model` and `layer`: keeps the structure).
 pub(crate) const RUN: u8 = 1;
@@ -68,15 +75,17 @@ pub(crate) fn with_active<R>(f: impl FnOnce(&mut SessionState) -> R) -> Option<R
     with_session(active_generation(), f)
 }
 
+/// Makes `state` the active session of this thread; its generation, or 0 if the state could
+/// not be stored (a hook is running).
 #[cfg_attr(not(feature = "enabled"), allow(dead_code))]
-pub(crate) fn push(config: ModelTracerConfig, filter: TraceFilter) -> u32 {
+pub(crate) fn push(mut state: SessionState) -> u32 {
     let generation = loop {
         let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         if generation != 0 {
             break generation;
         }
     };
-    let state = SessionState::new(generation, config, filter);
+    state.generation = generation;
     let pushed = SESSIONS
         .try_with(|sessions| match sessions.try_borrow_mut() {
             Ok(mut sessions) => {
@@ -118,13 +127,13 @@ pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<u8>
         let key = std::ptr::from_ref(callsite) as usize;
         let SessionState {
             decisions,
-            tracer,
+            config,
             filter,
             ..
         } = session;
         *decisions
             .entry(key)
-            .or_insert_with(|| decision(tracer.config(), filter, callsite.tracepoint()))
+            .or_insert_with(|| decision(config, filter, callsite.tracepoint()))
     });
     if decided.is_some() {
         return decided;
@@ -155,7 +164,8 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
                 || may(config.trace_activations, TracepointKind::Layer)
                 || may(config.trace_attention, TracepointKind::Attention)
                 || may(config.trace_logits, TracepointKind::Logits)
-                || may(config.trace_quant_error, TracepointKind::Quant);
+                || may(config.trace_quant_error, TracepointKind::Quant)
+                || may(config.trace_kv_cache, TracepointKind::KvCache);
             match (needs_context, config.trace_activations && admitted) {
                 (false, _) => 0,
                 (true, false) => RUN,
@@ -170,95 +180,204 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
     }
 }
 
-/// One session's recorder plus the context that attributes records to passes and layers.
+/// What a session needs to be set up: everything the builder gathered.
+pub(crate) struct SessionSetup {
+    pub(crate) config: ModelTracerConfig,
+    pub(crate) filter: TraceFilter,
+    pub(crate) keep_in_memory: bool,
+    pub(crate) sinks: Vec<Box<dyn TraceSink>>,
+    pub(crate) capture: Option<(CaptureFilter, CaptureWriter)>,
+    pub(crate) header: TraceHeader,
+    /// Errors found while setting up (an unusable `MODEL_TRACE`), reported as the session's.
+    pub(crate) setup_errors: Vec<(RecordErrorKind, String)>,
+}
+
+/// A sink and whether it is still running.
+struct SinkSlot {
+    sink: Box<dyn TraceSink>,
+    stopped: bool,
+}
+
+/// How to read one tensor: with a digest or not, and whether to save it in full.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TensorPlan {
+    pub(crate) digest: DigestPolicy,
+    pub(crate) capture: bool,
+}
+
+/// One session's context and its sinks.
 pub(crate) struct SessionState {
     pub(crate) generation: u32,
-    pub(crate) tracer: ModelTracer,
-    pub(crate) errors: Vec<RecordError>,
+    pub(crate) config: ModelTracerConfig,
     filter: TraceFilter,
     /// Callsite address -> decision bits; the callsite's own one-entry cache thrashes when
     /// sessions on several threads run the same code, and this keeps the miss cheap.
     decisions: HashMap<usize, u8>,
+    memory: Option<ModelTracer>,
+    sinks: Vec<SinkSlot>,
+    errors: ErrorBook,
+    /// The effective digest policy: `Off` unless a sink keeps digests.
+    digest: DigestPolicy,
+    capture: Option<(CaptureFilter, CaptureWriter)>,
+    next_seq: u64,
     pass: Option<Pass>,
     passes_begun: usize,
+    recorder: PassRecorder,
     layers: Vec<LayerFrame>,
     next_frame_id: u64,
-    kv_steps: usize,
+    /// Steps recorded per cache (by layer), to number each cache's steps.
+    kv_steps: Vec<(Option<usize>, usize)>,
+    ended: bool,
 }
 
 /// The forward pass in progress.
 struct Pass {
     id: usize,
-    /// Opened by `#[trace_model]` (else implicitly by a layer or logits outside any).
+    position: usize,
+    /// Opened by `#[trace_model]` (else implicitly by a record outside any).
     explicit: bool,
     /// Layer calls so far: the index of the next auto-numbered layer.
     layer_calls: usize,
     /// One past the highest layer index seen: the layer of logits outside any layer.
     layers_seen: usize,
+    start_ns: u64,
 }
 
 /// A layer call in progress.
 struct LayerFrame {
     id: u64,
+    seq: u64,
     index: usize,
     record: bool,
-    /// A stage was recorded into it (possibly while the layer itself is filtered out).
-    has_stages: bool,
-    /// Its `set_stage` recomputes the residual ratio once input and output are both in.
-    trace: LayerActivationTrace,
+    tracepoint: &'static Tracepoint,
+    start_ns: u64,
+    /// `input`, the stages so far, and at the end `output`.
+    stages: Vec<StageEvent>,
 }
 
 impl SessionState {
-    fn new(generation: u32, config: ModelTracerConfig, filter: TraceFilter) -> Self {
-        Self {
-            generation,
-            tracer: ModelTracer::new(config),
-            errors: Vec::new(),
+    /// A session from its setup; the sinks have been started with the header.
+    pub(crate) fn new(setup: SessionSetup) -> Self {
+        let SessionSetup {
+            config,
+            filter,
+            keep_in_memory,
+            sinks,
+            capture,
+            header,
+            setup_errors,
+        } = setup;
+        let wants_digests = sinks.iter().any(|sink| sink.wants_digests());
+        let digest = if wants_digests {
+            config.digests
+        } else {
+            DigestPolicy::Off
+        };
+        let mut state = Self {
+            generation: 0,
+            memory: keep_in_memory.then(|| ModelTracer::new(config.clone())),
+            config,
             filter,
             decisions: HashMap::new(),
+            sinks: sinks
+                .into_iter()
+                .map(|sink| SinkSlot {
+                    sink,
+                    stopped: false,
+                })
+                .collect(),
+            errors: ErrorBook::default(),
+            digest,
+            capture,
+            next_seq: 0,
             pass: None,
             passes_begun: 0,
+            recorder: PassRecorder::default(),
             layers: Vec::new(),
             next_frame_id: 0,
-            kv_steps: 0,
-        }
-    }
-
-    /// Closes what is still open, so that a session finished inside a pass keeps it.
-    #[cfg_attr(not(feature = "enabled"), allow(dead_code))]
-    pub(crate) fn into_results(mut self) -> (ModelTracer, Vec<RecordError>) {
-        self.close_pass();
-        (self.tracer, self.errors)
-    }
-
-    pub(crate) fn note_error(&mut self, tracepoint: Option<&'static Tracepoint>, message: String) {
-        let same = |e: &&mut RecordError| {
-            e.message == message
-                && match (e.tracepoint, tracepoint) {
-                    (Some(a), Some(b)) => std::ptr::eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                }
+            kv_steps: Vec::new(),
+            ended: false,
         };
-        if let Some(existing) = self.errors.iter_mut().find(same) {
-            existing.occurrences += 1;
-        } else if self.errors.len() < MAX_ERRORS {
-            self.errors.push(RecordError {
-                tracepoint,
-                message,
-                occurrences: 1,
-            });
+        state.for_each_sink(|sink| sink.start(&header));
+        for (kind, message) in setup_errors {
+            state.note_error(None, kind, message);
+        }
+        state
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Hands `event` to every sink that is still running.
+    pub(crate) fn emit(&mut self, event: &Event) {
+        if let Some(memory) = &mut self.memory {
+            memory.accept(event);
+        }
+        self.for_each_sink(|sink| sink.event(event));
+    }
+
+    /// Calls `call` on each running sink; a sink that fails is stopped and its error noted.
+    fn for_each_sink(
+        &mut self,
+        mut call: impl FnMut(&mut dyn TraceSink) -> Result<(), crate::SinkError>,
+    ) {
+        let mut failures = Vec::new();
+        for slot in self.sinks.iter_mut().filter(|slot| !slot.stopped) {
+            if let Err(error) = call(slot.sink.as_mut()) {
+                slot.stopped = true;
+                failures.push(format!("{} stopped: {error}", slot.sink.name()));
+            }
+        }
+        for message in failures {
+            self.note_error(None, RecordErrorKind::Sink, message);
         }
     }
+
+    /// Counts an error; its first occurrence becomes an error event.
+    pub(crate) fn note_error(
+        &mut self,
+        tracepoint: Option<&'static Tracepoint>,
+        kind: RecordErrorKind,
+        message: String,
+    ) {
+        if !self.errors.note(tracepoint, kind, &message) {
+            return;
+        }
+        let event = Event::Error(ErrorEvent {
+            seq: self.next_seq(),
+            pass: self.pass.as_ref().map(|pass| pass.id),
+            layer: self.enclosing_layer(),
+            tracepoint: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
+            function: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
+            kind,
+            message,
+        });
+        self.emit(&event);
+    }
+
+    pub(crate) fn errors(&self) -> Vec<RecordError> {
+        self.errors.all().to_vec()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Passes
+    // -----------------------------------------------------------------------------------------
 
     /// Begins a pass for `#[trace_model]`; `None` when one is already open (the nested call
     /// joins it). An implicit pass is closed first.
-    pub(crate) fn begin_model_pass(&mut self, position: Option<usize>) -> Option<usize> {
+    pub(crate) fn begin_model_pass(
+        &mut self,
+        tracepoint: &'static Tracepoint,
+        position: Option<usize>,
+    ) -> Option<usize> {
         if self.pass.as_ref().is_some_and(|pass| pass.explicit) {
             return None;
         }
         self.close_pass();
-        Some(self.begin_pass(position, true))
+        Some(self.begin_pass(Some(tracepoint), position).id)
     }
 
     pub(crate) fn end_model_pass(&mut self, id: usize) {
@@ -267,74 +386,130 @@ impl SessionState {
         }
     }
 
-    fn begin_pass(&mut self, position: Option<usize>, explicit: bool) -> usize {
-        let pass = self.start_pass(position, explicit);
-        self.pass.insert(pass).id
-    }
-
-    fn start_pass(&mut self, position: Option<usize>, explicit: bool) -> Pass {
+    fn begin_pass(
+        &mut self,
+        tracepoint: Option<&'static Tracepoint>,
+        position: Option<usize>,
+    ) -> &mut Pass {
         let id = self.passes_begun;
         self.passes_begun += 1;
-        self.tracer.begin_forward(position.unwrap_or(id));
-        Pass {
+        let position = position.unwrap_or(id);
+        let start_ns = clock::now_ns();
+        self.recorder.begin(position);
+        let event = Event::PassBegin(PassBegin {
+            seq: self.next_seq(),
+            pass: id,
+            position,
+            tracepoint: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
+            function: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
+            start_ns,
+        });
+        self.emit(&event);
+        self.pass.insert(Pass {
             id,
-            explicit,
+            position,
+            explicit: tracepoint.is_some(),
             layer_calls: 0,
             layers_seen: 0,
-        }
+            start_ns,
+        })
     }
 
-    fn ensure_pass(&mut self) -> &mut Pass {
-        let pass = match self.pass.take() {
-            Some(pass) => pass,
-            None => self.start_pass(None, false),
-        };
-        self.pass.insert(pass)
+    /// The open pass's id, opening an implicit pass when none is open.
+    fn ensure_pass(&mut self) -> usize {
+        match &self.pass {
+            Some(pass) => pass.id,
+            None => self.begin_pass(None, None).id,
+        }
     }
 
     fn close_pass(&mut self) {
         self.close_layers_from(0);
-        if self.pass.take().is_some() {
-            // The anomaly description stays in the activation trace; nothing to do with it here.
-            let _ = self.tracer.end_forward();
-        }
+        let Some(pass) = self.pass.take() else {
+            return;
+        };
+        let (anomalies, logits) = self.recorder.finish(&self.config);
+        let event = Event::PassEnd(PassEnd {
+            seq: self.next_seq(),
+            pass: pass.id,
+            position: pass.position,
+            duration_ns: clock::now_ns().saturating_sub(pass.start_ns),
+            layers: pass.layer_calls,
+            anomalies,
+            logit_evolution: logits,
+        });
+        self.emit(&event);
     }
 
-    /// Opens a layer frame and returns its id for the guard.
+    /// The current pass, opened implicitly if none is: logits are kept only inside a pass.
+    pub(crate) fn open_pass(&mut self) -> usize {
+        self.ensure_pass()
+    }
+
+    pub(crate) fn pass_id(&self) -> Option<usize> {
+        self.pass.as_ref().map(|pass| pass.id)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Layers
+    // -----------------------------------------------------------------------------------------
+
+    /// Opens a layer frame; returns its id for the guard and its index.
     pub(crate) fn enter_layer(
         &mut self,
         tracepoint: &'static Tracepoint,
         index: Option<usize>,
         record: bool,
-        input: Option<Result<TensorStats, String>>,
-    ) -> u64 {
-        let pass = self.ensure_pass();
-        let index = index.unwrap_or(pass.layer_calls);
-        pass.layer_calls += 1;
-        pass.layers_seen = pass.layers_seen.max(index.saturating_add(1));
+    ) -> (u64, usize) {
+        let pass_id = self.ensure_pass();
+        let index = match &mut self.pass {
+            Some(pass) => {
+                let index = index.unwrap_or(pass.layer_calls);
+                pass.layer_calls += 1;
+                pass.layers_seen = pass.layers_seen.max(index.saturating_add(1));
+                index
+            }
+            None => index.unwrap_or(0),
+        };
         let id = self.next_frame_id;
         self.next_frame_id += 1;
-        let mut frame = LayerFrame {
+        let seq = self.next_seq();
+        let start_ns = clock::now_ns();
+        self.layers.push(LayerFrame {
             id,
+            seq,
             index,
             record,
-            has_stages: false,
-            trace: LayerActivationTrace::new(index),
+            tracepoint,
+            start_ns,
+            stages: Vec::new(),
+        });
+        let begin = LayerBegin {
+            seq,
+            pass: pass_id,
+            layer: index,
+            tracepoint: tracepoint.name,
+            function: Cow::Owned(tracepoint.path()),
+            start_ns,
         };
-        match input {
-            Some(Ok(stats)) => frame.trace.set_stage("input", stats),
-            Some(Err(message)) => {
-                self.note_error(Some(tracepoint), format!("layer input: {message}"))
-            }
-            None => {}
-        }
-        self.layers.push(frame);
-        id
+        self.for_each_sink(|sink| sink.layer_begin(&begin));
+        (id, index)
     }
 
-    pub(crate) fn set_layer_output(&mut self, frame_id: u64, stats: TensorStats) {
+    /// Adds the layer's `input` or `output` to the frame `frame_id`.
+    pub(crate) fn set_layer_tensor(
+        &mut self,
+        frame_id: u64,
+        name: &'static str,
+        tensor: TensorSummary,
+    ) {
+        let seq = self.next_seq();
         if let Some(frame) = self.layers.iter_mut().rev().find(|f| f.id == frame_id) {
-            frame.trace.set_stage("output", stats);
+            frame.stages.push(StageEvent {
+                seq,
+                name: Cow::Borrowed(name),
+                tensor,
+            });
         }
     }
 
@@ -350,23 +525,55 @@ impl SessionState {
             let Some(frame) = self.layers.pop() else {
                 break;
             };
-            if !(frame.record || frame.has_stages) {
+            let has_stages = frame
+                .stages
+                .iter()
+                .any(|s| s.name != "input" && s.name != "output");
+            if !(frame.record || has_stages) {
                 continue;
             }
-            self.tracer.record_layer_activation(frame.trace);
+            let Some(pass) = self.pass.as_ref().map(|pass| pass.id) else {
+                continue;
+            };
+            let event = LayerEvent {
+                seq: frame.seq,
+                pass,
+                layer: frame.index,
+                tracepoint: Cow::Borrowed(frame.tracepoint.name),
+                function: Cow::Owned(frame.tracepoint.path()),
+                start_ns: frame.start_ns,
+                duration_ns: clock::now_ns().saturating_sub(frame.start_ns),
+                stages: frame.stages,
+                residual_ratio: None,
+            };
+            if self.config.trace_activations {
+                let mut trace = LayerActivationTrace::new(event.layer);
+                for stage in &event.stages {
+                    trace.set_stage(&stage.name, stage.tensor.stats);
+                }
+                self.recorder.add_layer(trace);
+            }
+            self.emit(&Event::Layer(event));
         }
     }
 
-    /// Whether a stage recorded now would have a layer to join.
-    pub(crate) fn in_layer(&self) -> bool {
-        !self.layers.is_empty()
-    }
-
-    pub(crate) fn record_stage(&mut self, stage: &str, stats: TensorStats) -> bool {
+    /// Adds a stage to the innermost open layer; `false` when there is none.
+    pub(crate) fn record_stage(&mut self, stage: &'static str, tensor: TensorSummary) -> bool {
+        let seq = self.next_seq();
         match self.layers.last_mut() {
             Some(frame) => {
-                frame.trace.set_stage(stage, stats);
-                frame.has_stages = true;
+                match frame.stages.iter_mut().find(|s| s.name == stage) {
+                    // Recorded twice in one call: the last value, in its first place.
+                    Some(existing) => {
+                        existing.seq = seq;
+                        existing.tensor = tensor;
+                    }
+                    None => frame.stages.push(StageEvent {
+                        seq,
+                        name: Cow::Borrowed(stage),
+                        tensor,
+                    }),
+                }
                 true
             }
             None => false,
@@ -384,14 +591,141 @@ impl SessionState {
         self.pass.as_ref().map_or(0, |pass| pass.layers_seen)
     }
 
-    /// Opens an implicit pass if none is open: logits are only kept inside a pass.
-    pub(crate) fn open_pass(&mut self) {
-        self.ensure_pass();
+    /// The enclosing layer, else the final one.
+    pub(crate) fn layer_or_final(&self) -> usize {
+        self.enclosing_layer().unwrap_or_else(|| self.final_layer())
     }
 
-    pub(crate) fn next_kv_step(&mut self) -> usize {
-        let step = self.kv_steps;
-        self.kv_steps += 1;
-        step
+    // -----------------------------------------------------------------------------------------
+    // Tensors and records
+    // -----------------------------------------------------------------------------------------
+
+    /// How to read a tensor of `tracepoint` recorded now in `layer`.
+    pub(crate) fn plan(&self, tracepoint: &Tracepoint, layer: Option<usize>) -> TensorPlan {
+        let capture = self
+            .capture
+            .as_ref()
+            .is_some_and(|(filter, _)| filter.captures(tracepoint, self.pass_id(), layer));
+        TensorPlan {
+            digest: self.digest,
+            capture,
+        }
+    }
+
+    /// Saves `values` in full and points `summary` at them.
+    pub(crate) fn attach_capture(
+        &mut self,
+        tracepoint: &'static Tracepoint,
+        layer: Option<usize>,
+        what: &str,
+        summary: &mut TensorSummary,
+        values: Vec<f32>,
+    ) {
+        let Some((_, writer)) = &mut self.capture else {
+            return;
+        };
+        let pass = self
+            .pass
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |p| p.id.to_string());
+        let layer = layer.map_or_else(|| "none".to_owned(), |l| l.to_string());
+        let name = format!("p{pass}.l{layer}.{what}.s{}", self.next_seq);
+        match writer.add(name, summary.shape.clone(), values) {
+            Ok(reference) => summary.capture = Some(reference),
+            Err(error) => {
+                let message = format!("could not save a tensor: {error}");
+                self.note_error(Some(tracepoint), RecordErrorKind::Capture, message);
+            }
+        }
+    }
+
+    /// Emits a record event built with the next sequence number.
+    pub(crate) fn emit_record(&mut self, build: impl FnOnce(u64, Option<usize>) -> Event) {
+        let seq = self.next_seq();
+        let event = build(seq, self.pass_id());
+        self.emit(&event);
+    }
+
+    /// Feeds a next-token row to the pass's logit tracking.
+    pub(crate) fn add_logit_row(&mut self, layer: usize, batch: usize, row: &[f32]) {
+        self.recorder.add_logit_row(&self.config, layer, batch, row);
+    }
+
+    /// Numbers a KV-cache step of the cache of `layer`.
+    pub(crate) fn next_kv_step(&mut self, layer: Option<usize>) -> usize {
+        match self.kv_steps.iter_mut().find(|(l, _)| *l == layer) {
+            Some((_, steps)) => {
+                let step = *steps;
+                *steps += 1;
+                step
+            }
+            None => {
+                self.kv_steps.push((layer, 1));
+                0
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The end
+    // -----------------------------------------------------------------------------------------
+
+    /// Closes what is still open, writes the session's end and flushes every sink. Runs once:
+    /// from `finish`, from dropping the session (also while unwinding) or from the thread's end.
+    pub(crate) fn end(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.close_pass();
+        if let Some((_, writer)) = &mut self.capture {
+            if let Err(error) = writer.finish() {
+                let message = format!("could not save captured tensors: {error}");
+                self.note_error(None, RecordErrorKind::Capture, message);
+            }
+        }
+        let errors = self
+            .errors
+            .all()
+            .iter()
+            .map(|e| ErrorCount {
+                tracepoint: e
+                    .tracepoint
+                    .map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
+                function: e
+                    .tracepoint
+                    .map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
+                kind: e.kind,
+                message: e.message.clone(),
+                occurrences: e.occurrences,
+            })
+            .collect();
+        let event = Event::SessionEnd(SessionEnd {
+            seq: self.next_seq(),
+            end_ns: clock::now_ns(),
+            passes: self.passes_begun,
+            errors,
+            errors_not_kept: self.errors.overflow,
+        });
+        self.emit(&event);
+        self.for_each_sink(|sink| sink.finish());
+        self.ended = true;
+    }
+
+    /// Ends the session and hands back the in-memory tracer (empty when none was kept) and the
+    /// errors.
+    pub(crate) fn into_results(mut self) -> (ModelTracer, Vec<RecordError>) {
+        self.end();
+        let tracer = self
+            .memory
+            .take()
+            .unwrap_or_else(|| ModelTracer::new(self.config.clone()));
+        let errors = std::mem::take(&mut self.errors).into_vec();
+        (tracer, errors)
+    }
+}
+
+impl Drop for SessionState {
+    fn drop(&mut self) {
+        self.end();
     }
 }

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use candle_core::{DType, Storage, Tensor};
 
 use super::{TensorError, TraceTensor};
-use crate::stats::{FiniteMoments, TensorStats};
+use crate::summary::{FiniteMoments, TensorStats};
 
 impl From<candle_core::Error> for TensorError {
     fn from(error: candle_core::Error) -> Self {
@@ -49,6 +49,10 @@ impl TraceTensor for Tensor {
         }
         read(&self.to_f32()?);
         Ok(())
+    }
+
+    fn on_host(&self) -> bool {
+        self.device().is_cpu()
     }
 
     fn stats(&self) -> Result<TensorStats, TensorError> {

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ::ndarray::{ArrayBase, Data, Dimension};
 
 use super::{TensorError, TraceTensor};
-use crate::stats::TensorStats;
+use crate::summary::TensorStats;
 
 impl<S, D> TraceTensor for ArrayBase<S, D>
 where

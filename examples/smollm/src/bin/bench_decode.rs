@@ -3,13 +3,17 @@
 //! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N] [--instructions]`
 //!
 //! Builds the `smollm` package twice in release (without and with `--features trace`), copies
-//! both builds' binaries aside, and compares five configurations:
+//! both builds' binaries aside, and compares seven configurations:
 //!
 //! 1. untraced build;
 //! 2. traced build, `--trace off` (no session: the cost of annotations that find none);
 //! 3. traced build, `--trace lightweight`;
-//! 4. traced build, `--trace full-noquant`;
-//! 5. traced build, `--trace full`.
+//! 4. the same, writing a trace file (`MODEL_TRACE_OUT`);
+//! 5. traced build, `--trace full-noquant`;
+//! 6. the same, writing a trace file;
+//! 7. traced build, `--trace full`.
+//!
+//! The trace files go to `target/bench_decode/` (one per configuration, replaced each run).
 //!
 //! Timed (the default), the configurations run in lockstep: each round starts one
 //! `decode_worker` process per configuration, each prefills the prompt, then the workers take
@@ -23,6 +27,12 @@
 //! the benchmark fails. Rayon runs one thread (`RAYON_NUM_THREADS=1`) unless the variable is
 //! already set: with two workers' threads competing for the cores, scheduling would dominate.
 //!
+//! With `--memory` it measures peak memory instead: each configuration's worker decodes 200
+//! and then 1,000 tokens under `/usr/bin/time -v`, and the table gives the peak resident set
+//! size, its overhead over the untraced build at the same length, and how much that overhead
+//! grew from 200 to 1,000 tokens (the model's own KV cache grows ~45 KiB a token in every
+//! configuration and cancels in the overhead).
+//!
 //! With `--instructions` it counts instead of timing: each configuration's CLI runs once under
 //! `valgrind --tool=cachegrind --cache-sim=no` decoding 2 tokens and once decoding `--tokens`, and
 //! the difference of the two instruction totals divided by the difference in decode steps is the
@@ -35,7 +45,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 
 const USAGE: &str =
-    "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] [--instructions]";
+    "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] [--instructions | --memory]";
+
+/// Decode lengths of the `--memory` runs.
+const MEMORY_TOKENS: [usize; 2] = [200, 1000];
 
 struct Args {
     rounds: usize,
@@ -43,39 +56,60 @@ struct Args {
     prompt: String,
     /// Count instructions under cachegrind instead of timing.
     instructions: bool,
+    /// Measure peak memory instead of timing.
+    memory: bool,
 }
 
 struct Config {
     label: &'static str,
     traced_build: bool,
     trace: Option<&'static str>,
+    /// Writes a trace file, through `MODEL_TRACE_OUT`.
+    trace_file: bool,
 }
 
-const CONFIGS: [Config; 5] = [
+const CONFIGS: [Config; 7] = [
     Config {
         label: "untraced build",
         traced_build: false,
         trace: None,
+        trace_file: false,
     },
     Config {
         label: "traced build, no session (`--trace off`)",
         traced_build: true,
         trace: Some("off"),
+        trace_file: false,
     },
     Config {
         label: "traced, lightweight",
         traced_build: true,
         trace: Some("lightweight"),
+        trace_file: false,
+    },
+    Config {
+        label: "traced, lightweight, trace file",
+        traced_build: true,
+        trace: Some("lightweight"),
+        trace_file: true,
     },
     Config {
         label: "traced, full without quantization",
         traced_build: true,
         trace: Some("full-noquant"),
+        trace_file: false,
+    },
+    Config {
+        label: "traced, full without quantization, trace file",
+        traced_build: true,
+        trace: Some("full-noquant"),
+        trace_file: true,
     },
     Config {
         label: "traced, full",
         traced_build: true,
         trace: Some("full"),
+        trace_file: false,
     },
 ];
 
@@ -102,6 +136,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         tokens: 48,
         prompt: "The capital of France is".to_owned(),
         instructions: false,
+        memory: false,
     };
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -110,6 +145,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--tokens" => parsed.tokens = parse_count(&flag, &value()?)?,
             "--prompt" => parsed.prompt = value()?,
             "--instructions" => parsed.instructions = true,
+            "--memory" => parsed.memory = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -142,6 +178,8 @@ fn run(args: &Args) -> Result<(), String> {
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".to_owned());
     if args.instructions {
         count_instructions(&builds, args, &threads)
+    } else if args.memory {
+        measure_memory(&builds, args, &threads)
     } else {
         time_in_lockstep(&builds, args, &threads)
     }
@@ -238,6 +276,27 @@ fn median_interval(sorted: &[f64]) -> (f64, f64) {
     )
 }
 
+/// The environment of a configuration's process: one Rayon thread setting, no filter from the
+/// caller's environment, and a trace file (in `bench_dir`, named after the configuration) only
+/// where the configuration writes one.
+fn configure(command: &mut Command, config: &Config, threads: &str, bench_dir: &Path) {
+    command
+        .env("RAYON_NUM_THREADS", threads)
+        .env_remove("MODEL_TRACE")
+        .env_remove("MODEL_TRACE_CAPTURE")
+        .env_remove("MODEL_TRACE_OUT");
+    if config.trace_file {
+        let index = CONFIGS
+            .iter()
+            .position(|c| c.label == config.label)
+            .unwrap_or(0);
+        command.env(
+            "MODEL_TRACE_OUT",
+            bench_dir.join(format!("config-{index}.ndjson")),
+        );
+    }
+}
+
 /// A `decode_worker` process, prefilled and waiting for steps.
 struct Worker {
     label: &'static str,
@@ -250,11 +309,8 @@ impl Worker {
     /// Starts the worker of `config` from `build` and waits until it has prefilled the prompt.
     fn spawn(build: &Build, config: &Config, args: &Args, threads: &str) -> Result<Self, String> {
         let mut command = Command::new(&build.worker);
-        command
-            .env("RAYON_NUM_THREADS", threads)
-            .env_remove("MODEL_TRACE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        configure(&mut command, config, threads, &build.dir);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
         if let Some(trace) = config.trace {
             command.args(["--trace", trace]);
         }
@@ -334,9 +390,10 @@ fn count_instructions(builds: &[Build; 2], args: &Args, threads: &str) -> Result
     );
     let mut per_token = Vec::with_capacity(CONFIGS.len());
     for config in &CONFIGS {
-        let binary = &builds[usize::from(config.traced_build)].cli;
-        let short = counted_run(binary, config, &args.prompt, 2, threads)?;
-        let long = counted_run(binary, config, &args.prompt, args.tokens, threads)?;
+        let build = &builds[usize::from(config.traced_build)];
+        let (binary, dir) = (&build.cli, &build.dir);
+        let short = counted_run(binary, config, &args.prompt, 2, threads, dir)?;
+        let long = counted_run(binary, config, &args.prompt, args.tokens, threads, dir)?;
         if long.decode_steps <= short.decode_steps {
             return Err(format!(
                 "{}: {} tokens gave no more decode steps than 2 (end of text reached?); \
@@ -365,6 +422,93 @@ fn count_instructions(builds: &[Build; 2], args: &Args, threads: &str) -> Result
     Ok(())
 }
 
+/// Peak RSS of each configuration's worker decoding each of `MEMORY_TOKENS`.
+fn measure_memory(builds: &[Build; 2], args: &Args, threads: &str) -> Result<(), String> {
+    eprintln!(
+        "{} configurations under /usr/bin/time -v, {:?} decode tokens each",
+        CONFIGS.len(),
+        MEMORY_TOKENS
+    );
+    let mut peaks = Vec::with_capacity(CONFIGS.len());
+    for config in &CONFIGS {
+        let build = &builds[usize::from(config.traced_build)];
+        let mut row = Vec::new();
+        for tokens in MEMORY_TOKENS {
+            let kib = peak_rss_kib(build, config, args, threads, tokens)?;
+            eprintln!("{:<46} {tokens:>5} tokens: {kib} KiB", config.label);
+            row.push(kib as f64 / 1024.0);
+        }
+        peaks.push(row);
+    }
+    let base = &peaks[0];
+    println!(
+        "\n| configuration | peak RSS at {} / {} tokens (MiB) | overhead vs untraced (MiB) | overhead growth {}→{} (MiB) |\n|---|---:|---:|---:|",
+        MEMORY_TOKENS[0], MEMORY_TOKENS[1], MEMORY_TOKENS[0], MEMORY_TOKENS[1]
+    );
+    for (config, row) in CONFIGS.iter().zip(&peaks) {
+        let overhead: Vec<f64> = row.iter().zip(base).map(|(p, b)| p - b).collect();
+        println!(
+            "| {} | {:.1} / {:.1} | {:+.1} / {:+.1} | {:+.1} |",
+            config.label,
+            row[0],
+            row[1],
+            overhead[0],
+            overhead[1],
+            overhead[1] - overhead[0]
+        );
+    }
+    Ok(())
+}
+
+/// The worker of `config` decoding `tokens` steps under `/usr/bin/time -v`: its peak RSS in KiB.
+fn peak_rss_kib(
+    build: &Build,
+    config: &Config,
+    args: &Args,
+    threads: &str,
+    tokens: usize,
+) -> Result<u64, String> {
+    let mut command = Command::new("/usr/bin/time");
+    command.arg("-v").arg(&build.worker);
+    configure(&mut command, config, threads, &build.dir);
+    if let Some(trace) = config.trace {
+        command.args(["--trace", trace]);
+    }
+    command
+        .arg(&args.prompt)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot run /usr/bin/time (Debian's package `time`): {e}"))?;
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all("\n".repeat(tokens).as_bytes())
+            .map_err(|e| format!("{}: cannot feed the worker: {e}", config.label))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|e| format!("{}: {e}", config.label))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed: {}\n{stderr}",
+            config.label, output.status
+        ));
+    }
+    stderr
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("Maximum resident set size (kbytes):")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("no peak RSS in /usr/bin/time's output:\n{stderr}"))
+}
+
 struct CountedRun {
     instructions: u64,
     decode_steps: usize,
@@ -378,6 +522,7 @@ fn counted_run(
     prompt: &str,
     tokens: usize,
     threads: &str,
+    bench_dir: &Path,
 ) -> Result<CountedRun, String> {
     let mut command = Command::new("valgrind");
     command
@@ -387,8 +532,8 @@ fn counted_run(
             "--cachegrind-out-file=/dev/null",
         ])
         .arg(binary);
-    let (decode_steps, stderr) =
-        run_smollm(command, config, prompt, tokens, threads).map_err(|e| {
+    let (decode_steps, stderr) = run_smollm(command, config, prompt, tokens, threads, bench_dir)
+        .map_err(|e| {
             format!("{e}\n(--instructions needs valgrind: Debian's package `valgrind`)")
         })?;
     // Cachegrind's summary line: `==123== I   refs:      6,470,750,376`.
@@ -411,6 +556,8 @@ struct Build {
     cli: PathBuf,
     /// The lockstep worker, timed by default.
     worker: PathBuf,
+    /// Where the binaries (and the trace files of the runs) are.
+    dir: PathBuf,
 }
 
 /// `cargo build --release -p smollm --bins [--features trace]`, the binaries copied into
@@ -450,6 +597,7 @@ fn build(
     Ok(Build {
         cli: copy("smollm")?,
         worker: copy("decode_worker")?,
+        dir: bench_dir.to_path_buf(),
     })
 }
 
@@ -470,11 +618,10 @@ fn run_smollm(
     prompt: &str,
     tokens: usize,
     threads: &str,
+    bench_dir: &Path,
 ) -> Result<(usize, String), String> {
-    command
-        .env("RAYON_NUM_THREADS", threads)
-        .env_remove("MODEL_TRACE")
-        .args(["--max-tokens", &tokens.to_string()]);
+    configure(&mut command, config, threads, bench_dir);
+    command.args(["--max-tokens", &tokens.to_string()]);
     if let Some(trace) = config.trace {
         command.args(["--trace", trace]);
     }

@@ -11,9 +11,9 @@ pub struct TokenLogitEvolution {
     pub token_text: String,
     /// Layer index of each record; parallel to the two vectors below.
     pub layers: Vec<usize>,
-    /// Logit at each recorded layer (NaN and ±Inf are written to JSON as strings, see the module
-    /// `lossless_f32`, so a broken model still produces a readable trace).
-    #[serde(with = "lossless_f32")]
+    /// Logit at each recorded layer (NaN and ±Inf are written to JSON as the strings `"NaN"`,
+    /// `"inf"`, `"-inf"`, so a broken model still produces a readable trace).
+    #[serde(with = "crate::record::float::vec")]
     pub logits_by_layer: Vec<f32>,
     /// Rank at each recorded layer: how many logits were strictly greater (0 = top token).
     pub ranks_by_layer: Vec<usize>,
@@ -70,14 +70,21 @@ impl TokenLogitEvolution {
     }
 }
 
-/// Tracked tokens of one forward pass at one position, layer by layer.
+/// Tracked tokens of one forward pass (one batch row of it), layer by layer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogitEvolutionTrace {
-    /// Position of the token being predicted.
+    /// Position of the forward pass: that of its first token (`#[trace_model(position = ..)]`,
+    /// or [`ModelTracer::begin_forward`](crate::ModelTracer::begin_forward)'s argument). The
+    /// token being predicted follows the pass's last token.
     pub position: usize,
+    /// The batch row whose logits these are.
+    #[serde(default)]
+    pub batch: usize,
     /// Sampling temperature in use (metadata; ranks do not depend on it).
+    #[serde(with = "crate::record::float::single")]
     pub temperature: f32,
     /// Nucleus sampling threshold in use (metadata).
+    #[serde(with = "crate::record::float::single")]
     pub top_p: f32,
     /// Tracked tokens, in tracking order (the tracer's automatic choice lists them by final
     /// rank, so the first one is the predicted token).
@@ -88,7 +95,7 @@ pub struct LogitEvolutionTrace {
 }
 
 impl LogitEvolutionTrace {
-    /// An empty trace for the token at `position`.
+    /// An empty trace for the pass at `position`.
     pub fn new(position: usize, temperature: f32, top_p: f32) -> Self {
         Self {
             position,
@@ -174,55 +181,6 @@ impl LogitEvolutionTrace {
     }
 }
 
-/// Serde for `Vec<f32>` that survives JSON: finite values are numbers, NaN / inf / -inf are the
-/// strings `"NaN"`, `"inf"`, `"-inf"`. (serde_json writes non-finite floats as `null`, which does
-/// not read back as a float, and a trace of a model that produces NaN must stay readable.)
-mod lossless_f32 {
-    use serde::de::Error as _;
-    use serde::ser::SerializeSeq;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(values: &[f32], serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(values.len()))?;
-        for &v in values {
-            if v.is_finite() {
-                seq.serialize_element(&v)?;
-            } else if v.is_nan() {
-                seq.serialize_element("NaN")?;
-            } else if v > 0.0 {
-                seq.serialize_element("inf")?;
-            } else {
-                seq.serialize_element("-inf")?;
-            }
-        }
-        seq.end()
-    }
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Number(f32),
-        Text(String),
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
-        Vec::<Repr>::deserialize(deserializer)?
-            .into_iter()
-            .map(|r| match r {
-                Repr::Number(v) => Ok(v),
-                Repr::Text(t) => match t.as_str() {
-                    "NaN" => Ok(f32::NAN),
-                    "inf" => Ok(f32::INFINITY),
-                    "-inf" => Ok(f32::NEG_INFINITY),
-                    other => Err(D::Error::custom(format!(
-                        "expected a number, \"NaN\", \"inf\" or \"-inf\", found {other:?}"
-                    ))),
-                },
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +254,9 @@ mod tests {
         token.record_layer(1.5, 1);
         let json = serde_json::to_string(&token).unwrap();
         assert!(json.contains(r#"["NaN","inf","-inf",1.5]"#), "{json}");
+        assert!(
+            serde_json::from_str::<TokenLogitEvolution>(&json.replace("1.5", "\"1.5\"")).is_err()
+        );
         let back: TokenLogitEvolution = serde_json::from_str(&json).unwrap();
         assert!(back.logits_by_layer[0].is_nan());
         assert_eq!(back.logits_by_layer[1..], token.logits_by_layer[1..]);

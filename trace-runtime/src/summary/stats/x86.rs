@@ -7,10 +7,11 @@
 //! Blocks, shifts, NaN/Inf handling and the final sums are shared with the portable kernel
 //! (`BlockView`, `Cleaned`, `BlockBook`).
 //!
-//! The entry points are `unsafe fn`: their one obligation is the CPU feature, which
+//! The two entry points are `unsafe fn`: their one obligation is the CPU feature, which
 //! `StatsKernel::detected` checks (the AVX-512 kernel also uses AVX2 and FMA, for its 8-lane
 //! folds; AVX-512F implies both on every CPU that has it, and detection checks them anyway). The
-//! loads and stores are the only other unsafe operations; each has its SAFETY note.
+//! loads and stores are the only other unsafe operations; each has its SAFETY note. The helpers
+//! are safe `#[target_feature]` functions, callable only from code with the same features.
 //!
 //! The AVX-512 kernel keeps two registers of 16 lanes per quantity (blocks of 512 elements).
 //! On data in L1/L2 it runs ~1.5x faster than AVX2; from L3 or memory the two are equal, the
@@ -68,7 +69,7 @@ pub(super) unsafe fn reduce_avx512(data: &[f32]) -> Totals {
 /// leave for the exact scalar path.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline(never)]
-unsafe fn retry_512(block: &[f32], sums: &mut Sums512, book: &mut BlockBook, totals: &mut Totals) {
+fn retry_512(block: &[f32], sums: &mut Sums512, book: &mut BlockBook, totals: &mut Totals) {
     let cleaned = Cleaned::<BLOCK_512>::new(block);
     if cleaned.finite > 0 {
         let view = cleaned.view();
@@ -94,7 +95,7 @@ struct Pass512 {
 
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn pass_512<const FOR_RETRY: bool>(view: BlockView<'_>) -> Pass512 {
+fn pass_512<const FOR_RETRY: bool>(view: BlockView<'_>) -> Pass512 {
     let c = _mm512_set1_ps(view.shift);
     let zero = _mm512_setzero_ps();
     let (mut d0, mut d1, mut q0, mut q1, mut p0, mut p1) = (zero, zero, zero, zero, zero, zero);
@@ -167,7 +168,7 @@ unsafe fn pass_512<const FOR_RETRY: bool>(view: BlockView<'_>) -> Pass512 {
 /// conversion to `f64` instead of two).
 #[target_feature(enable = "avx512f,avx2")]
 #[inline]
-unsafe fn halves_sum(v: __m512) -> __m256 {
+fn halves_sum(v: __m512) -> __m256 {
     let low = _mm512_castps512_ps256(v);
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     _mm256_add_ps(low, high)
@@ -186,7 +187,7 @@ struct Sums512 {
 impl Sums512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn new() -> Self {
+    fn new() -> Self {
         Sums512 {
             dev: _mm512_setzero_pd(),
             dev_sq: _mm512_setzero_pd(),
@@ -199,7 +200,7 @@ impl Sums512 {
 
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
-    unsafe fn add(&mut self, pass: &Pass512, offset: f64) {
+    fn add(&mut self, pass: &Pass512, offset: f64) {
         let dev = _mm512_cvtps_pd(pass.dev);
         self.dev = _mm512_add_pd(self.dev, dev);
         self.dev_sq = _mm512_add_pd(self.dev_sq, _mm512_cvtps_pd(pass.dev_sq));
@@ -252,7 +253,7 @@ pub(super) unsafe fn reduce_avx2(data: &[f32]) -> Totals {
 /// leave for the exact scalar path.
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
-unsafe fn retry_256(block: &[f32], sums: &mut Sums256, book: &mut BlockBook, totals: &mut Totals) {
+fn retry_256(block: &[f32], sums: &mut Sums256, book: &mut BlockBook, totals: &mut Totals) {
     let cleaned = Cleaned::<BLOCK_256>::new(block);
     if cleaned.finite > 0 {
         let view = cleaned.view();
@@ -278,7 +279,7 @@ struct Pass256 {
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn pass_256<const FOR_RETRY: bool>(view: BlockView<'_>) -> Pass256 {
+fn pass_256<const FOR_RETRY: bool>(view: BlockView<'_>) -> Pass256 {
     let c = _mm256_set1_ps(view.shift);
     let zero = _mm256_setzero_ps();
     let (mut d0, mut d1, mut q0, mut q1, mut p0, mut p1) = (zero, zero, zero, zero, zero, zero);
@@ -360,7 +361,7 @@ struct Sums256 {
 impl Sums256 {
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn new() -> Self {
+    fn new() -> Self {
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
         Sums256 {
             dev: zero,
@@ -374,7 +375,7 @@ impl Sums256 {
 
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn add(&mut self, pass: &Pass256, offset: f64) {
+    fn add(&mut self, pass: &Pass256, offset: f64) {
         let dev = widen(pass.dev);
         self.dev = add_pairs(self.dev, dev);
         self.dev_sq = add_pairs(self.dev_sq, widen(pass.dev_sq));
@@ -392,7 +393,7 @@ impl Sums256 {
 /// The 8 lanes of `v` as two registers of 4 `f64`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn widen(v: __m256) -> (__m256d, __m256d) {
+fn widen(v: __m256) -> (__m256d, __m256d) {
     (
         _mm256_cvtps_pd(_mm256_castps256_ps128(v)),
         _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)),
@@ -401,14 +402,14 @@ unsafe fn widen(v: __m256) -> (__m256d, __m256d) {
 
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn add_pairs(a: (__m256d, __m256d), b: (__m256d, __m256d)) -> (__m256d, __m256d) {
+fn add_pairs(a: (__m256d, __m256d), b: (__m256d, __m256d)) -> (__m256d, __m256d) {
     (_mm256_add_pd(a.0, b.0), _mm256_add_pd(a.1, b.1))
 }
 
 /// Sum of the 8 `f64` lanes.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn total(v: (__m256d, __m256d)) -> f64 {
+fn total(v: (__m256d, __m256d)) -> f64 {
     let quad = _mm256_add_pd(v.0, v.1);
     let pair = _mm_add_pd(
         _mm256_castpd256_pd128(quad),
@@ -421,7 +422,7 @@ unsafe fn total(v: (__m256d, __m256d)) -> f64 {
 /// makes its lane's sums of squares NaN or +Inf, and the folds keep them so.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn all_finite(sums_of_squares: __m256) -> bool {
+fn all_finite(sums_of_squares: __m256) -> bool {
     let below_inf = _mm256_cmp_ps::<_CMP_LT_OQ>(sums_of_squares, _mm256_set1_ps(f32::INFINITY));
     _mm256_movemask_ps(below_inf) == 0xFF
 }

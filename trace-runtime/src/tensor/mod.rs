@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::stats::TensorStats;
+use crate::summary::TensorStats;
 
 #[cfg(feature = "candle")]
 mod candle;
@@ -40,6 +40,12 @@ pub trait TraceTensor {
     fn with_f32(&self, read: &mut dyn FnMut(&[f32])) -> Result<(), TensorError> {
         read(&self.to_f32()?);
         Ok(())
+    }
+
+    /// Whether the values are in host memory, so that reading them costs no copy from a device
+    /// (decides whether a digest is taken under [`DigestPolicy::HostOnly`](crate::DigestPolicy)).
+    fn on_host(&self) -> bool {
+        true
     }
 
     /// Statistics of all values.
@@ -199,6 +205,10 @@ macro_rules! forward_trace_tensor {
 
             fn stats(&self) -> Result<TensorStats, TensorError> {
                 (**self).stats()
+            }
+
+            fn on_host(&self) -> bool {
+                (**self).on_host()
             }
         }
     )*};

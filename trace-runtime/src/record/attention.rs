@@ -14,6 +14,9 @@ pub const ATTENTION_SINK_THRESHOLD: f32 = 0.3;
 pub struct AttentionWeightTrace {
     /// Layer of the head.
     pub layer_idx: usize,
+    /// Row of the batch the query belongs to (index 0 of `[batch, heads, q_len, k_len]`).
+    #[serde(default)]
+    pub batch: usize,
     /// Head within the layer.
     pub head_idx: usize,
     /// Position of the query token.
@@ -23,14 +26,18 @@ pub struct AttentionWeightTrace {
     /// Key positions of the kept weights, heaviest first (ties: lower position first).
     pub top_k_positions: Vec<usize>,
     /// The kept weights, descending.
+    #[serde(with = "crate::record::float::vec")]
     pub top_k_weights: Vec<f32>,
     /// Weight not kept: the row's total minus the kept weights, which is `1 − Σ top-k` for a
     /// normalised row (kept that way so that rows which do not sum to one still say how much of
     /// their own mass the record leaves out).
+    #[serde(with = "crate::record::float::single")]
     pub tail_mass: f32,
     /// Shannon entropy of the row in nats, `−Σ w ln w` over positive weights.
+    #[serde(with = "crate::record::float::single")]
     pub entropy: f32,
     /// Weight on position 0 (the usual sink, BOS), recorded exactly whether or not it is in top-k.
+    #[serde(with = "crate::record::float::single")]
     pub sink_weight: f32,
 }
 
@@ -87,11 +94,13 @@ impl AttentionWeightTrace {
             layer_idx,
             head_idx,
             query_pos,
+            batch: 0,
             num_keys: weights.len(),
             top_k_positions,
             top_k_weights,
             tail_mass: (total - kept).max(0.0) as f32,
-            entropy: entropy as f32,
+            // A row with one key has entropy −0.0 from the negation; 0 is what it means.
+            entropy: if entropy > 0.0 { entropy as f32 } else { 0.0 },
             sink_weight,
         }
     }

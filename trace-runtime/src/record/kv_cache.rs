@@ -10,8 +10,11 @@ pub const DEFAULT_THRASHING_EVICTIONS_PER_STEP: f32 = 0.5;
 /// The cache after one generation step.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvCacheStateTrace {
-    /// Generation step.
+    /// Generation step: this cache's steps are numbered 0, 1, 2, ...
     pub step: usize,
+    /// Which layer's cache this is; `None` for one cache of the whole model.
+    #[serde(default)]
+    pub layer: Option<usize>,
     /// Positions holding valid keys/values.
     pub valid_positions: usize,
     /// Positions the cache can hold.
@@ -23,6 +26,7 @@ pub struct KvCacheStateTrace {
     /// Fraction of lookups served from the cache, in `[0, 1]`; `None` when the cache does not
     /// measure it (an append-only cache has nothing to miss), so that unmeasured steps do not
     /// drag the session average to zero.
+    #[serde(default, with = "crate::record::float::option")]
     pub cache_hit_rate: Option<f32>,
 }
 
@@ -48,18 +52,32 @@ impl KvCacheStateTrace {
 }
 
 /// Every step of a generation session and the running totals.
+///
+/// A model may have one cache per layer: the memory it holds at a moment is the sum of each
+/// cache's latest size, and `peak_memory_bytes` is the largest such sum.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvCacheSessionTrace {
     /// Steps in recording order.
     pub steps: Vec<KvCacheStateTrace>,
+    /// Steps counted in the totals, kept in `steps` or not.
+    #[serde(default)]
+    pub steps_seen: usize,
     /// Sum of `evictions_this_step`.
     pub total_evictions: usize,
-    /// Largest `cache_size_bytes` seen.
+    /// Largest total of the caches' latest sizes.
     pub peak_memory_bytes: usize,
     /// Mean hit rate over the steps that reported one (0 when none did; see `hit_rate_steps`).
+    #[serde(with = "crate::record::float::single")]
     pub avg_hit_rate: f32,
     /// Steps that reported a hit rate.
     pub hit_rate_steps: usize,
+    /// Each cache's latest size, by layer.
+    #[serde(default)]
+    pub cache_bytes: Vec<(Option<usize>, usize)>,
+    /// Evictions of the last `DEFAULT_THRASHING_WINDOW` steps, for the summary's thrashing
+    /// verdict when the steps themselves are not all kept.
+    #[serde(default)]
+    recent_evictions: std::collections::VecDeque<usize>,
 }
 
 impl KvCacheSessionTrace {
@@ -67,15 +85,45 @@ impl KvCacheSessionTrace {
     /// (unmeasured) rather than poisoning the average.
     pub fn add_step(&mut self, mut step: KvCacheStateTrace) {
         step.cache_hit_rate = step.cache_hit_rate.filter(|r| r.is_finite());
+        self.account(&step);
+        self.steps.push(step);
+    }
+
+    /// Updates the totals with `step` without keeping it.
+    pub fn account(&mut self, step: &KvCacheStateTrace) {
+        self.steps_seen += 1;
         self.total_evictions += step.evictions_this_step;
-        self.peak_memory_bytes = self.peak_memory_bytes.max(step.cache_size_bytes);
-        if let Some(rate) = step.cache_hit_rate {
+        match self
+            .cache_bytes
+            .iter_mut()
+            .find(|(layer, _)| *layer == step.layer)
+        {
+            Some((_, bytes)) => *bytes = step.cache_size_bytes,
+            None => self.cache_bytes.push((step.layer, step.cache_size_bytes)),
+        }
+        let held: usize = self.cache_bytes.iter().map(|(_, bytes)| bytes).sum();
+        self.peak_memory_bytes = self.peak_memory_bytes.max(held);
+        if let Some(rate) = step.cache_hit_rate.filter(|r| r.is_finite()) {
             self.hit_rate_steps += 1;
             #[allow(clippy::cast_precision_loss)]
             let n = self.hit_rate_steps as f32;
             self.avg_hit_rate += (rate - self.avg_hit_rate) / n;
         }
-        self.steps.push(step);
+        if self.recent_evictions.len() == DEFAULT_THRASHING_WINDOW {
+            self.recent_evictions.pop_front();
+        }
+        self.recent_evictions.push_back(step.evictions_this_step);
+    }
+
+    /// [`has_thrashing`](Self::has_thrashing) with the default window and threshold, over the
+    /// last steps counted (kept or not).
+    #[allow(clippy::cast_precision_loss)]
+    pub fn has_default_thrashing(&self) -> bool {
+        if self.recent_evictions.len() < DEFAULT_THRASHING_WINDOW {
+            return false;
+        }
+        let evictions: usize = self.recent_evictions.iter().sum();
+        evictions as f32 / DEFAULT_THRASHING_WINDOW as f32 >= DEFAULT_THRASHING_EVICTIONS_PER_STEP
     }
 
     /// The mean hit rate, or `None` when no step reported one.
@@ -120,11 +168,34 @@ mod tests {
         }
         assert_eq!(session.total_evictions, 2);
         assert_eq!(session.peak_memory_bytes, 300);
+        assert_eq!(session.steps_seen, 4);
         assert_eq!(session.hit_rate_steps, 2);
         assert_eq!(session.hit_rate(), Some(0.75));
         assert_eq!(session.steps[3].cache_hit_rate, None);
         assert_eq!(session.steps[1].utilization(), 0.25);
         assert_eq!(KvCacheStateTrace::new(0, 0).utilization(), 0.0);
+    }
+
+    #[test]
+    fn peak_memory_is_the_sum_of_the_caches() {
+        let mut session = KvCacheSessionTrace::default();
+        let step = |layer, bytes| KvCacheStateTrace {
+            layer,
+            cache_size_bytes: bytes,
+            ..KvCacheStateTrace::default()
+        };
+        session.add_step(step(Some(0), 100));
+        session.add_step(step(Some(1), 100));
+        session.add_step(step(Some(0), 150));
+        assert_eq!(session.peak_memory_bytes, 250);
+        session.add_step(step(Some(1), 20));
+        session.account(&step(None, 5));
+        assert_eq!(session.peak_memory_bytes, 250);
+        assert_eq!(
+            session.cache_bytes,
+            [(Some(0), 150), (Some(1), 20), (None, 5)]
+        );
+        assert_eq!((session.steps.len(), session.steps_seen), (4, 5));
     }
 
     #[test]
@@ -140,5 +211,12 @@ mod tests {
         assert!(session.has_thrashing(4, 1.0));
         assert!(session.has_thrashing(8, 0.5));
         assert!(!session.has_thrashing(10, 0.5));
+        assert!(!session.has_default_thrashing(), "only 10 steps");
+        for step in 10..26 {
+            let mut s = KvCacheStateTrace::new(step, 4);
+            s.evictions_this_step = 1;
+            session.account(&s);
+        }
+        assert!(session.has_default_thrashing());
     }
 }

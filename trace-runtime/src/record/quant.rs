@@ -14,114 +14,73 @@ pub const QUANT_CRITICAL_COSINE: f32 = 0.99;
 /// every element is about 144 dB), so no real measurement is clipped.
 pub const SNR_DB_CAP: f32 = 300.0;
 
-/// Tensor formats of ggml/GGUF, with their block layouts.
-///
-/// Names follow ggml (`Q4_K`, `IQ2_XXS`), which is why the variants are not CamelCase.
-#[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum QuantType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q8_1,
-    Q2_K,
-    Q3_K,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    Q8_K,
-    IQ1_S,
-    IQ1_M,
-    IQ2_XXS,
-    IQ2_XS,
-    IQ2_S,
-    IQ3_XXS,
-    IQ3_S,
-    IQ4_NL,
-    IQ4_XS,
-    TQ1_0,
-    TQ2_0,
-    MXFP4,
+/// Declares the formats once: the enum with a doc line per variant, `ALL`, the names and the
+/// block layouts all come from this table.
+macro_rules! quant_types {
+    ($($variant:ident: $elements:literal elements in $bytes:literal bytes, $doc:literal;)*) => {
+        /// Tensor formats of ggml/GGUF, with their block layouts.
+        ///
+        /// Names follow ggml (`Q4_K`, `IQ2_XXS`), which is why the variants are not CamelCase.
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum QuantType {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl QuantType {
+            /// Every format, in declaration order.
+            pub const ALL: &'static [QuantType] = &[$(Self::$variant,)*];
+
+            /// `(elements per block, bytes per block)` of ggml's block struct for this format
+            /// (`ggml-common.h`; the byte counts are the sizes its `static_assert`s check).
+            pub const fn block_layout(self) -> (u32, u32) {
+                match self {
+                    $(Self::$variant => ($elements, $bytes),)*
+                }
+            }
+
+            /// The variant's name as written in Rust and in the macros' `quant = ...` argument
+            /// (`"Q4_K"`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => stringify!($variant),)*
+                }
+            }
+        }
+    };
+}
+
+quant_types! {
+    F32: 1 elements in 4 bytes, "32-bit float.";
+    F16: 1 elements in 2 bytes, "IEEE half precision.";
+    BF16: 1 elements in 2 bytes, "bfloat16.";
+    Q4_0: 32 elements in 18 bytes, "4-bit, one f16 scale per 32 (d + 32 nibbles).";
+    Q4_1: 32 elements in 20 bytes, "4-bit, f16 scale and minimum per 32.";
+    Q5_0: 32 elements in 22 bytes, "5-bit, one scale per 32 (d + 4 bytes of high bits + 32 nibbles).";
+    Q5_1: 32 elements in 24 bytes, "5-bit, scale and minimum per 32.";
+    Q8_0: 32 elements in 34 bytes, "8-bit, one f16 scale per 32 (d + 32 int8).";
+    Q8_1: 32 elements in 36 bytes, "8-bit, scale and sum per 32.";
+    Q2_K: 256 elements in 84 bytes, "2-bit k-quant, super-blocks of 256.";
+    Q3_K: 256 elements in 110 bytes, "3-bit k-quant.";
+    Q4_K: 256 elements in 144 bytes, "4-bit k-quant.";
+    Q5_K: 256 elements in 176 bytes, "5-bit k-quant.";
+    Q6_K: 256 elements in 210 bytes, "6-bit k-quant.";
+    Q8_K: 256 elements in 292 bytes, "8-bit k-quant (d as f32 + 256 int8 + 16 int16 sums).";
+    IQ1_S: 256 elements in 50 bytes, "1.5-bit i-quant.";
+    IQ1_M: 256 elements in 56 bytes, "1.75-bit i-quant.";
+    IQ2_XXS: 256 elements in 66 bytes, "2.06-bit i-quant.";
+    IQ2_XS: 256 elements in 74 bytes, "2.31-bit i-quant.";
+    IQ2_S: 256 elements in 82 bytes, "2.5-bit i-quant.";
+    IQ3_XXS: 256 elements in 98 bytes, "3.06-bit i-quant.";
+    IQ3_S: 256 elements in 110 bytes, "3.44-bit i-quant.";
+    IQ4_NL: 32 elements in 18 bytes, "4-bit non-linear i-quant, blocks of 32.";
+    IQ4_XS: 256 elements in 136 bytes, "4.25-bit non-linear i-quant.";
+    TQ1_0: 256 elements in 54 bytes, "ternary, 1.69 bits.";
+    TQ2_0: 256 elements in 66 bytes, "ternary, 2.06 bits.";
+    MXFP4: 32 elements in 17 bytes, "OCP microscaling fp4 (e8m0 scale + 32 fp4).";
 }
 
 impl QuantType {
-    /// Every format, in declaration order.
-    pub const ALL: &'static [QuantType] = &[
-        Self::F32,
-        Self::F16,
-        Self::BF16,
-        Self::Q4_0,
-        Self::Q4_1,
-        Self::Q5_0,
-        Self::Q5_1,
-        Self::Q8_0,
-        Self::Q8_1,
-        Self::Q2_K,
-        Self::Q3_K,
-        Self::Q4_K,
-        Self::Q5_K,
-        Self::Q6_K,
-        Self::Q8_K,
-        Self::IQ1_S,
-        Self::IQ1_M,
-        Self::IQ2_XXS,
-        Self::IQ2_XS,
-        Self::IQ2_S,
-        Self::IQ3_XXS,
-        Self::IQ3_S,
-        Self::IQ4_NL,
-        Self::IQ4_XS,
-        Self::TQ1_0,
-        Self::TQ2_0,
-        Self::MXFP4,
-    ];
-
-    /// `(elements per block, bytes per block)` of ggml's block struct for this format
-    /// (`ggml-common.h`; the byte counts are the sizes its `static_assert`s check).
-    pub const fn block_layout(self) -> (u32, u32) {
-        match self {
-            Self::F32 => (1, 4),
-            Self::F16 | Self::BF16 => (1, 2),
-            // d (f16) + 32 nibbles
-            Self::Q4_0 => (32, 18),
-            // d, m (f16) + 32 nibbles
-            Self::Q4_1 => (32, 20),
-            // d + 4 bytes of high bits + 32 nibbles
-            Self::Q5_0 => (32, 22),
-            Self::Q5_1 => (32, 24),
-            // d + 32 int8
-            Self::Q8_0 => (32, 34),
-            // d, s + 32 int8
-            Self::Q8_1 => (32, 36),
-            // super-blocks of 256
-            Self::Q2_K => (256, 84),
-            Self::Q3_K => (256, 110),
-            Self::Q4_K => (256, 144),
-            Self::Q5_K => (256, 176),
-            Self::Q6_K => (256, 210),
-            // d (f32) + 256 int8 + 16 int16 sums
-            Self::Q8_K => (256, 292),
-            Self::IQ1_S => (256, 50),
-            Self::IQ1_M => (256, 56),
-            Self::IQ2_XXS => (256, 66),
-            Self::IQ2_XS => (256, 74),
-            Self::IQ2_S => (256, 82),
-            Self::IQ3_XXS => (256, 98),
-            Self::IQ3_S => (256, 110),
-            Self::IQ4_NL => (32, 18),
-            Self::IQ4_XS => (256, 136),
-            Self::TQ1_0 => (256, 54),
-            Self::TQ2_0 => (256, 66),
-            // e8m0 scale + 32 fp4
-            Self::MXFP4 => (32, 17),
-        }
-    }
-
     /// Elements per block.
     pub const fn block_elements(self) -> u32 {
         self.block_layout().0
@@ -142,39 +101,6 @@ impl QuantType {
     /// Size reduction against F32 (`32 / bits_per_element`), e.g. Q4_K ≈ 7.1.
     pub fn compression_ratio(self) -> f32 {
         32.0 / self.bits_per_element()
-    }
-
-    /// The variant's name as written in Rust and in the macros' `quant = ...` argument (`"Q4_K"`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "F32",
-            Self::F16 => "F16",
-            Self::BF16 => "BF16",
-            Self::Q4_0 => "Q4_0",
-            Self::Q4_1 => "Q4_1",
-            Self::Q5_0 => "Q5_0",
-            Self::Q5_1 => "Q5_1",
-            Self::Q8_0 => "Q8_0",
-            Self::Q8_1 => "Q8_1",
-            Self::Q2_K => "Q2_K",
-            Self::Q3_K => "Q3_K",
-            Self::Q4_K => "Q4_K",
-            Self::Q5_K => "Q5_K",
-            Self::Q6_K => "Q6_K",
-            Self::Q8_K => "Q8_K",
-            Self::IQ1_S => "IQ1_S",
-            Self::IQ1_M => "IQ1_M",
-            Self::IQ2_XXS => "IQ2_XXS",
-            Self::IQ2_XS => "IQ2_XS",
-            Self::IQ2_S => "IQ2_S",
-            Self::IQ3_XXS => "IQ3_XXS",
-            Self::IQ3_S => "IQ3_S",
-            Self::IQ4_NL => "IQ4_NL",
-            Self::IQ4_XS => "IQ4_XS",
-            Self::TQ1_0 => "TQ1_0",
-            Self::TQ2_0 => "TQ2_0",
-            Self::MXFP4 => "MXFP4",
-        }
     }
 
     /// The format named `name`, case-insensitively, so ggml's own spelling (`"q4_K"`,

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::TensorStats;
+use crate::summary::TensorStats;
 
 /// A layer whose residual ratio exceeds this barely changed its input: the skip connection
 /// carries (almost) everything and the block's own computation is effectively switched off.
@@ -17,24 +17,21 @@ pub const VANISHING_WARMUP_LAYERS: usize = 2;
 
 /// Statistics of one transformer block in one forward pass.
 ///
-/// The five named stages are the seed's fixed slots; anything else a model records (a
-/// `q_proj`, a gate) is kept by name in `other_stages`, in the order it was recorded. A stage
-/// that was never recorded holds `TensorStats::default()` (`count == 0`) and is ignored by the
-/// anomaly rules.
+/// `input` and `output` are the residual stream entering and leaving the block; everything
+/// recorded in between (see [`Stage`](crate::Stage) for the names with a fixed meaning, and any
+/// name of the user's) is kept in `stages`, in execution order. A stage that was never recorded
+/// is absent; `input_stats`/`output_stats` hold `TensorStats::default()` (`count == 0`) when
+/// they were not recorded, which the anomaly rules ignore.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LayerActivationTrace {
     /// Index of the block in the model.
     pub layer_idx: usize,
     /// The block's input (the residual stream entering it).
     pub input_stats: TensorStats,
-    /// After the first normalisation.
-    pub post_norm_stats: TensorStats,
-    /// After the attention sub-block.
-    pub post_attn_stats: TensorStats,
-    /// After the feed-forward sub-block.
-    pub post_ffn_stats: TensorStats,
     /// The block's output (the residual stream leaving it).
     pub output_stats: TensorStats,
+    /// The stages between input and output, by name, in execution order.
+    pub stages: Vec<(String, TensorStats)>,
     /// How much of the output is the unchanged input, in `[0, 1]`; see
     /// [`LayerActivationTrace::residual_ratio_of`] for the definition and
     /// [`LayerActivationTrace::residual_ratio_from`] for the statistics-only bound. `0.0` when
@@ -44,11 +41,10 @@ pub struct LayerActivationTrace {
     /// rather than the statistics-only upper bound that [`set_stage`](Self::set_stage) fills in.
     /// Only an exact ratio can flag residual dominance: the bound is close to 1 for any layer
     /// whose input and output have the same mean and spread, which every post-LayerNorm block
-    /// (BERT) has, so it would cry wolf on healthy models.
+    /// (BERT) has, so it would cry wolf on healthy models. The macros never compute the exact
+    /// ratio (it needs both tensors' values at once); code that records by hand does.
     #[serde(default)]
     pub residual_ratio_exact: bool,
-    /// Stages other than the five above, by name, in recording order.
-    pub other_stages: Vec<(String, TensorStats)>,
 }
 
 /// What kind of rule flagged a layer. Ordered by severity, most severe first.
@@ -86,13 +82,6 @@ impl fmt::Display for ActivationAnomalyKind {
     }
 }
 
-/// The first rule a layer breaks, before it is turned into text (only the reported one is).
-struct LayerAnomaly<'a> {
-    kind: ActivationAnomalyKind,
-    /// `None` for residual dominance, which belongs to the layer rather than a stage.
-    stage: Option<(&'a str, &'a TensorStats)>,
-}
-
 impl LayerActivationTrace {
     /// An empty record for block `layer_idx`; fill it with [`set_stage`](Self::set_stage) or by
     /// assigning the fields.
@@ -103,9 +92,9 @@ impl LayerActivationTrace {
         }
     }
 
-    /// Stores `stats` under `name`: `input`, `post_norm`, `post_attn`, `post_ffn` and `output`
-    /// fill their fields, any other name is kept in `other_stages` (recording a name twice keeps
-    /// the last value, in its first position).
+    /// Stores `stats` under `name`: `input` and `output` fill their fields, any other name is a
+    /// stage, kept in recording order (recording a name twice keeps the last value, in its first
+    /// position).
     ///
     /// When this completes the input/output pair, `residual_ratio` is (re)computed from the two
     /// statistics with [`residual_ratio_from`](Self::residual_ratio_from), so that code which only
@@ -115,45 +104,33 @@ impl LayerActivationTrace {
     pub fn set_stage(&mut self, name: &str, stats: TensorStats) {
         match name {
             "input" => self.input_stats = stats,
-            "post_norm" => self.post_norm_stats = stats,
-            "post_attn" => self.post_attn_stats = stats,
-            "post_ffn" => self.post_ffn_stats = stats,
             "output" => self.output_stats = stats,
             _ => {
-                match self.other_stages.iter_mut().find(|(n, _)| n == name) {
+                match self.stages.iter_mut().find(|(n, _)| n == name) {
                     Some((_, slot)) => *slot = stats,
-                    None => self.other_stages.push((name.to_owned(), stats)),
+                    None => self.stages.push((name.to_owned(), stats)),
                 }
                 return;
             }
         }
-        if matches!(name, "input" | "output")
-            && self.input_stats.count > 0
-            && self.output_stats.count > 0
-        {
+        if self.input_stats.count > 0 && self.output_stats.count > 0 {
             self.residual_ratio = Self::residual_ratio_from(&self.input_stats, &self.output_stats);
             self.residual_ratio_exact = false;
         }
     }
 
-    /// The statistics recorded under `name`, if that stage was recorded.
+    /// The statistics recorded under `name` (`input`, `output` or a stage), if recorded.
     pub fn stage(&self, name: &str) -> Option<&TensorStats> {
         self.stages().find(|(n, _)| *n == name).map(|(_, s)| s)
     }
 
-    /// Recorded stages in data-flow order: input, post_norm, post_attn, post_ffn, the other
-    /// stages in recording order, output. Unrecorded fixed stages are skipped.
+    /// Recorded stages in data-flow order: input, the stages in recording order, output.
+    /// An unrecorded input or output is skipped.
     pub fn stages(&self) -> impl Iterator<Item = (&str, &TensorStats)> + '_ {
-        [
-            ("input", &self.input_stats),
-            ("post_norm", &self.post_norm_stats),
-            ("post_attn", &self.post_attn_stats),
-            ("post_ffn", &self.post_ffn_stats),
-        ]
-        .into_iter()
-        .chain(self.other_stages.iter().map(|(n, s)| (n.as_str(), s)))
-        .chain(std::iter::once(("output", &self.output_stats)))
-        .filter(|(_, s)| s.count > 0)
+        std::iter::once(("input", &self.input_stats))
+            .chain(self.stages.iter().map(|(n, s)| (n.as_str(), s)))
+            .chain(std::iter::once(("output", &self.output_stats)))
+            .filter(|(_, s)| s.count > 0)
     }
 
     /// Exact residual ratio of a block, from its input and output values:
@@ -210,72 +187,6 @@ impl LayerActivationTrace {
         self.residual_ratio = Self::residual_ratio_of(input, output);
         self.residual_ratio_exact = true;
     }
-
-    /// The first rule this layer breaks, by severity (NaN, Inf, explosion over all stages in
-    /// data-flow order; then vanishing; then residual dominance).
-    fn first_anomaly(&self) -> Option<LayerAnomaly<'_>> {
-        let hard = self.stages().find(|(_, s)| s.has_anomaly());
-        if let Some((name, stats)) = hard {
-            let kind = if stats.nan_count > 0 {
-                ActivationAnomalyKind::Nan
-            } else if stats.inf_count > 0 {
-                ActivationAnomalyKind::Inf
-            } else {
-                ActivationAnomalyKind::Explosion
-            };
-            return Some(LayerAnomaly {
-                kind,
-                stage: Some((name, stats)),
-            });
-        }
-        if self.layer_idx >= VANISHING_WARMUP_LAYERS {
-            // `is_vanishing` needs two finite values: a single value has no spread to lose.
-            let vanishing = self.stages().find(|(_, s)| s.is_vanishing());
-            if let Some(stage) = vanishing {
-                return Some(LayerAnomaly {
-                    kind: ActivationAnomalyKind::Vanishing,
-                    stage: Some(stage),
-                });
-            }
-        }
-        let dominated =
-            self.residual_ratio_exact && self.residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD;
-        dominated.then_some(LayerAnomaly {
-            kind: ActivationAnomalyKind::ResidualDominance,
-            stage: None,
-        })
-    }
-
-    fn describe(&self, anomaly: &LayerAnomaly<'_>) -> String {
-        let layer = self.layer_idx;
-        match (anomaly.kind, anomaly.stage) {
-            (ActivationAnomalyKind::Nan, Some((stage, s))) => {
-                format!(
-                    "layer {layer} {stage}: NaN ({} of {} values)",
-                    s.nan_count, s.count
-                )
-            }
-            (ActivationAnomalyKind::Inf, Some((stage, s))) => {
-                format!(
-                    "layer {layer} {stage}: Inf ({} of {} values)",
-                    s.inf_count, s.count
-                )
-            }
-            // The statistics know best what overflowed; their text starts with "explosion".
-            (ActivationAnomalyKind::Explosion, Some((stage, s))) => format!(
-                "layer {layer} {stage}: {}",
-                s.anomaly_description()
-                    .unwrap_or_else(|| "explosion".to_owned())
-            ),
-            (ActivationAnomalyKind::Vanishing, Some((stage, s))) => {
-                format!("layer {layer} {stage}: vanishing (std {:e})", s.std)
-            }
-            (kind, _) => format!(
-                "layer {layer}: {kind} (residual ratio {:.4} > {RESIDUAL_DOMINANCE_THRESHOLD})",
-                self.residual_ratio
-            ),
-        }
-    }
 }
 
 #[allow(clippy::cast_possible_truncation)]
@@ -314,7 +225,7 @@ pub struct ModelActivationTrace {
     pub layers: Vec<LayerActivationTrace>,
     /// Whether any layer broke a rule (set by `finalize`).
     pub has_anomaly: bool,
-    /// The reported anomaly, e.g. `layer 17 post_attn: NaN (3 of 576 values)`.
+    /// The reported anomaly, e.g. `layer 17 resid_mid: NaN (3 of 576 values)`.
     pub anomaly_desc: Option<String>,
     /// `layer_idx` of the reported anomaly.
     pub anomaly_layer: Option<usize>,
@@ -322,6 +233,11 @@ pub struct ModelActivationTrace {
     pub anomaly_kind: Option<ActivationAnomalyKind>,
     /// How many layers broke at least one rule.
     pub anomalous_layers: usize,
+    /// Every layer that broke a rule, in the order of the report: broken values (NaN, Inf,
+    /// explosion) by layer index, then heuristic flags by layer index. The first one is the
+    /// reported anomaly.
+    #[serde(default)]
+    pub anomalies: Vec<Anomaly>,
 }
 
 impl ModelActivationTrace {
@@ -341,31 +257,28 @@ impl ModelActivationTrace {
     /// Runs the anomaly rules (see the type's docs) and stores the verdict. Idempotent: it can
     /// be called again after more layers were added.
     pub fn finalize(&mut self) {
-        let mut first: Option<(&LayerActivationTrace, LayerAnomaly<'_>)> = None;
-        let mut anomalous = 0;
-        for layer in &self.layers {
-            if let Some(anomaly) = layer.first_anomaly() {
-                anomalous += 1;
-                let better = first.as_ref().is_none_or(|(f, current)| {
-                    let (hard, current_hard) = (
-                        anomaly.kind.is_broken_value(),
-                        current.kind.is_broken_value(),
-                    );
-                    (hard && !current_hard)
-                        || (hard == current_hard && layer.layer_idx < f.layer_idx)
-                });
-                if better {
-                    first = Some((layer, anomaly));
-                }
-            }
-        }
-        let verdict = first.map(|(layer, a)| (layer.layer_idx, a.kind, layer.describe(&a)));
-        self.anomalous_layers = anomalous;
-        self.has_anomaly = verdict.is_some();
-        self.anomaly_layer = verdict.as_ref().map(|v| v.0);
-        self.anomaly_kind = verdict.as_ref().map(|v| v.1);
-        self.anomaly_desc = verdict.map(|v| v.2);
+        self.anomalies = crate::analysis::find_anomalies(&self.layers);
+        let reported = self.anomalies.first();
+        self.anomalous_layers = self.anomalies.len();
+        self.has_anomaly = reported.is_some();
+        self.anomaly_layer = reported.map(|a| a.layer);
+        self.anomaly_kind = reported.map(|a| a.kind);
+        self.anomaly_desc = reported.map(|a| a.description.clone());
     }
+}
+
+/// One layer's anomaly: the first rule it breaks (see [`ModelActivationTrace`] for the rules).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Anomaly {
+    /// `layer_idx` of the layer.
+    pub layer: usize,
+    /// The stage whose statistics broke the rule; `None` for residual dominance, which belongs
+    /// to the layer.
+    pub stage: Option<String>,
+    /// The rule.
+    pub kind: ActivationAnomalyKind,
+    /// What was seen, e.g. `layer 17 resid_mid: NaN (3 of 576 values)`.
+    pub description: String,
 }
 
 #[cfg(test)]
@@ -384,19 +297,22 @@ mod tests {
     }
 
     #[test]
-    fn set_stage_fills_fields_and_keeps_other_stages_in_order() {
+    fn set_stage_keeps_stages_in_order_between_input_and_output() {
         let mut layer = LayerActivationTrace::new(3);
-        layer.set_stage("post_attn", stats(&[1.0, 2.0]));
+        layer.set_stage("resid_mid", stats(&[1.0, 2.0]));
         layer.set_stage("q_proj", stats(&[1.0]));
         layer.set_stage("gate", stats(&[2.0]));
         layer.set_stage("q_proj", stats(&[3.0, 4.0]));
-        assert_eq!(layer.post_attn_stats.count, 2);
-        let names: Vec<&str> = layer.other_stages.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["q_proj", "gate"]);
+        let names: Vec<&str> = layer.stages.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["resid_mid", "q_proj", "gate"]);
+        layer.set_stage("input", stats(&[5.0]));
+        layer.set_stage("output", stats(&[6.0]));
+        assert_eq!(layer.stages.len(), 3);
+        assert_eq!(layer.stage("input").map(|s| s.mean), Some(5.0));
         assert_eq!(layer.stage("q_proj").map(|s| s.count), Some(2));
-        assert!(layer.stage("post_ffn").is_none());
+        assert!(layer.stage("mlp_out").is_none());
         let order: Vec<&str> = layer.stages().map(|(n, _)| n).collect();
-        assert_eq!(order, ["post_attn", "q_proj", "gate"]);
+        assert_eq!(order, ["input", "resid_mid", "q_proj", "gate", "output"]);
     }
 
     #[test]
@@ -464,7 +380,7 @@ mod tests {
                 v[1] = f32::NAN;
                 v[100] = f32::NAN;
                 v[200] = f32::NAN;
-                layer.set_stage("post_attn", stats(&v));
+                layer.set_stage("resid_mid", stats(&v));
             }
             if i == 19 {
                 layer.set_stage("output", stats(&[f32::INFINITY, 1.0]));
@@ -477,17 +393,17 @@ mod tests {
         assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
         assert_eq!(
             trace.anomaly_desc.as_deref(),
-            Some("layer 17 post_attn: NaN (3 of 576 values)")
+            Some("layer 17 resid_mid: NaN (3 of 576 values)")
         );
         assert_eq!(trace.anomalous_layers, 2);
 
         // recorded out of order: layer 5 (Inf) was recorded after layer 9 (NaN)
         let mut trace = ModelActivationTrace::default();
         let mut nan = healthy(9);
-        nan.set_stage("post_ffn", stats(&[f32::NAN]));
+        nan.set_stage("mlp_out", stats(&[f32::NAN]));
         trace.add_layer(nan);
         let mut inf = healthy(5);
-        inf.set_stage("post_norm", stats(&[f32::INFINITY, 0.25]));
+        inf.set_stage("attn_in", stats(&[f32::INFINITY, 0.25]));
         trace.add_layer(inf);
         trace.finalize();
         assert_eq!(trace.anomaly_layer, Some(5));
@@ -496,10 +412,10 @@ mod tests {
         // a heuristic flag (vanishing at layer 5) never hides a broken value (NaN at layer 9)
         let mut trace = ModelActivationTrace::default();
         let mut flat = healthy(5);
-        flat.set_stage("post_norm", stats(&[0.25; 16]));
+        flat.set_stage("attn_in", stats(&[0.25; 16]));
         trace.add_layer(flat);
         let mut nan = healthy(9);
-        nan.set_stage("post_ffn", stats(&[f32::NAN]));
+        nan.set_stage("mlp_out", stats(&[f32::NAN]));
         trace.add_layer(nan);
         trace.finalize();
         assert_eq!(trace.anomaly_layer, Some(9));
@@ -512,7 +428,7 @@ mod tests {
         let mut trace = ModelActivationTrace::default();
         for i in 0..VANISHING_WARMUP_LAYERS {
             let mut layer = healthy(i);
-            layer.set_stage("post_norm", stats(&[1.0; 8]));
+            layer.set_stage("attn_in", stats(&[1.0; 8]));
             trace.add_layer(layer);
         }
         let mut single = healthy(VANISHING_WARMUP_LAYERS);
@@ -522,7 +438,7 @@ mod tests {
         assert!(!trace.has_anomaly, "{:?}", trace.anomaly_desc);
 
         let mut late = healthy(VANISHING_WARMUP_LAYERS);
-        late.set_stage("post_norm", stats(&[1.0; 8]));
+        late.set_stage("attn_in", stats(&[1.0; 8]));
         trace.add_layer(late);
         trace.finalize();
         assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
@@ -533,14 +449,14 @@ mod tests {
     fn explosion_and_residual_dominance() {
         let mut trace = ModelActivationTrace::default();
         let mut layer = healthy(4);
-        layer.set_stage("post_ffn", stats(&[1.0, 2e7, 3.0]));
+        layer.set_stage("mlp_out", stats(&[1.0, 2e7, 3.0]));
         trace.add_layer(layer);
         trace.finalize();
         assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Explosion));
         assert!(trace
             .anomaly_desc
             .as_deref()
-            .is_some_and(|d| d.starts_with("layer 4 post_ffn: explosion")));
+            .is_some_and(|d| d.starts_with("layer 4 mlp_out: explosion")));
 
         let mut trace = ModelActivationTrace::default();
         let mut layer = LayerActivationTrace::new(6);
@@ -562,7 +478,7 @@ mod tests {
 
         // A broken value in a later layer beats a heuristic flag in an earlier one.
         let mut nan_layer = healthy(7);
-        nan_layer.set_stage("post_attn", stats(&[1.0, f32::NAN]));
+        nan_layer.set_stage("resid_mid", stats(&[1.0, f32::NAN]));
         trace.add_layer(nan_layer);
         trace.finalize();
         assert_eq!(trace.anomaly_layer, Some(7));

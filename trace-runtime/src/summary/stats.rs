@@ -20,32 +20,32 @@ pub use kernel::StatsKernel;
 /// Non-finite statistics: `l2_norm` is `+Inf` when the norm of finite values exceeds `f32::MAX`
 /// (possible with values near `f32::MAX`; the sums themselves are `f64` and do not overflow).
 /// [`from_moments`](Self::from_moments) gives NaN `mean` and `std` when the device sums
-/// overflowed. Both survive `serde_json`, which writes them as `null`: a `null` `l2_norm` reads
-/// back as `+Inf`, any other `null` as NaN.
+/// overflowed. Both survive serialization: non-finite values are written as the strings `"NaN"`,
+/// `"inf"` and `"-inf"` (see the trace-file format).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TensorStats {
     /// Number of elements, including NaN and ±Inf.
     pub count: usize,
     /// Smallest finite value.
-    #[serde(with = "float_or_nan")]
+    #[serde(with = "crate::record::float::single")]
     pub min: f32,
     /// Largest finite value.
-    #[serde(with = "float_or_nan")]
+    #[serde(with = "crate::record::float::single")]
     pub max: f32,
     /// Mean of the finite values.
-    #[serde(with = "float_or_nan")]
+    #[serde(with = "crate::record::float::single")]
     pub mean: f32,
     /// Population standard deviation of the finite values: `sqrt(Σ (x - mean)² / n)` with `n`
     /// the number of finite values.
     ///
-    /// trueno's `TensorStats` (and seed 001, which prints `1.58` for `[1, 2, 3, 4, 5]`) returns
-    /// the *sample* standard deviation (divides by `n - 1`); here that data gives
-    /// `sqrt(2) ≈ 1.414`. The population form is the one that merges exactly
+    /// Not the *sample* standard deviation (which divides by `n - 1`, and gives `1.58` for
+    /// `[1, 2, 3, 4, 5]` where this gives `sqrt(2) ≈ 1.414`; `torch.std` and `np.std(ddof=1)`
+    /// are sample, `np.std` is population). The population form is the one that merges exactly
     /// ([`merge`](Self::merge)) and is defined for a single element (`0.0`).
-    #[serde(with = "float_or_nan")]
+    #[serde(with = "crate::record::float::single")]
     pub std: f32,
     /// Euclidean norm of the finite values; `+Inf` when it exceeds `f32::MAX`.
-    #[serde(with = "float_or_inf")]
+    #[serde(with = "crate::record::float::single")]
     pub l2_norm: f32,
     /// Number of NaN elements.
     pub nan_count: usize,
@@ -314,43 +314,6 @@ fn bound_std(variance: f64, min: f32, max: f32) -> f32 {
     variance.max(0.0).sqrt().min(half_range.max(0.0)) as f32
 }
 
-/// JSON has no NaN or Inf (`serde_json` writes `null`), so non-finite values travel as a missing
-/// value, explicitly an `Option`, to read back the same way from any format.
-mod float_or_nan {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    #[allow(clippy::trivially_copy_pass_by_ref)] // signature required by `#[serde(with)]`
-    pub fn serialize<S: Serializer>(value: &f32, serializer: S) -> Result<S::Ok, S::Error> {
-        super::serialize_finite(*value, serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f32, D::Error> {
-        Ok(Option::<f32>::deserialize(deserializer)?.unwrap_or(f32::NAN))
-    }
-}
-
-/// Like `float_or_nan` for `l2_norm`, which is never NaN: a missing value is an overflow, `+Inf`.
-mod float_or_inf {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    #[allow(clippy::trivially_copy_pass_by_ref)] // signature required by `#[serde(with)]`
-    pub fn serialize<S: Serializer>(value: &f32, serializer: S) -> Result<S::Ok, S::Error> {
-        super::serialize_finite(*value, serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f32, D::Error> {
-        Ok(Option::<f32>::deserialize(deserializer)?.unwrap_or(f32::INFINITY))
-    }
-}
-
-fn serialize_finite<S: serde::Serializer>(value: f32, serializer: S) -> Result<S::Ok, S::Error> {
-    if value.is_finite() {
-        serializer.serialize_some(&value)
-    } else {
-        serializer.serialize_none()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,8 +474,21 @@ mod tests {
         let stats = TensorStats::from_slice(&[f32::MAX, f32::MAX, f32::NAN]);
         assert_eq!(stats.l2_norm, f32::INFINITY);
         let json = serde_json::to_string(&stats).unwrap();
-        assert!(json.contains("\"l2_norm\":null"), "{json}");
+        assert!(json.contains("\"l2_norm\":\"inf\""), "{json}");
         let back: TensorStats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, stats);
+        let moments = FiniteMoments {
+            count: 2,
+            sum: f64::INFINITY,
+            sum_sq: f64::INFINITY,
+            ..FiniteMoments::default()
+        };
+        let overflowed = TensorStats::from_moments(&moments);
+        assert!(overflowed.mean.is_nan());
+        let json = serde_json::to_string(&overflowed).unwrap();
+        assert!(json.contains("\"mean\":\"NaN\""), "{json}");
+        let back: TensorStats = serde_json::from_str(&json).unwrap();
+        assert!(back.mean.is_nan() && back.std.is_nan());
+        assert_eq!(back.l2_norm, overflowed.l2_norm);
     }
 }

@@ -1,0 +1,298 @@
+//! Captured tensors: safetensors files beside the trace file, written whole one chunk at a time.
+//!
+//! A safetensors file starts with its header (every tensor's name, dtype, shape and offsets),
+//! so a file cannot grow once written. Captured tensors are held in memory until a chunk's
+//! worth is ready, then the chunk is written to a temporary name and renamed into place: a
+//! crash never leaves a half-written chunk under a chunk's name, and the chunks already
+//! written stay.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::summary::CaptureRef;
+
+/// Default size of one capture chunk: 64 MiB of tensor data.
+pub const DEFAULT_CAPTURE_CHUNK_BYTES: usize = 64 << 20;
+
+/// A tensor waiting for its chunk to be written.
+struct Pending {
+    name: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+/// Writes captured tensors as `<trace stem>.tensors-NNNN.safetensors` beside the trace file.
+pub(crate) struct CaptureWriter {
+    dir: PathBuf,
+    stem: String,
+    chunk: usize,
+    chunk_bytes: usize,
+    pending: Vec<Pending>,
+    pending_bytes: usize,
+}
+
+impl CaptureWriter {
+    /// A writer for the captures of the trace file at `trace_path`.
+    pub(crate) fn new(trace_path: &Path, chunk_bytes: usize) -> Self {
+        let dir = trace_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let stem = trace_path
+            .file_stem()
+            .map_or_else(|| "trace".to_owned(), |s| s.to_string_lossy().into_owned());
+        Self {
+            dir,
+            stem,
+            chunk: 0,
+            chunk_bytes: chunk_bytes.max(1),
+            pending: Vec::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    fn chunk_name(&self) -> String {
+        format!("{}.tensors-{:04}.safetensors", self.stem, self.chunk)
+    }
+
+    /// Queues a tensor for the current chunk (writing the chunk first if this one would not
+    /// fit) and says where it will be.
+    pub(crate) fn add(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        values: Vec<f32>,
+    ) -> io::Result<CaptureRef> {
+        let bytes = values.len() * 4;
+        if !self.pending.is_empty() && self.pending_bytes + bytes > self.chunk_bytes {
+            self.flush()?;
+        }
+        let reference = CaptureRef {
+            file: self.chunk_name(),
+            tensor: name.clone(),
+        };
+        self.pending_bytes += bytes;
+        self.pending.push(Pending {
+            name,
+            shape,
+            values,
+        });
+        Ok(reference)
+    }
+
+    /// Writes the pending tensors as one chunk.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let final_path = self.dir.join(self.chunk_name());
+        let partial = self.dir.join(format!(".{}.partial", self.chunk_name()));
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        self.chunk += 1;
+        write_safetensors(&partial, &pending)?;
+        std::fs::rename(&partial, &final_path)
+    }
+
+    /// Writes what is pending; called once at the session's end.
+    pub(crate) fn finish(&mut self) -> io::Result<()> {
+        self.flush()
+    }
+}
+
+impl Drop for CaptureWriter {
+    fn drop(&mut self) {
+        // The session's end flushes and reports errors; this only keeps tensors of a session
+        // that never reached it.
+        let _ = self.flush();
+    }
+}
+
+fn write_safetensors(path: &Path, tensors: &[Pending]) -> io::Result<()> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for tensor in tensors {
+        let end = offset + tensor.values.len() * 4;
+        header.insert(
+            tensor.name.clone(),
+            serde_json::json!({ "dtype": "F32", "shape": tensor.shape, "data_offsets": [offset, end] }),
+        );
+        offset = end;
+    }
+    header.insert(
+        "__metadata__".to_owned(),
+        serde_json::json!({ "format": "pt", "writer": concat!("model-trace ", env!("CARGO_PKG_VERSION")) }),
+    );
+    let mut text = serde_json::to_vec(&header).map_err(io::Error::other)?;
+    // The data starts 8-byte aligned, as the format recommends.
+    while (8 + text.len()) % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = BufWriter::new(File::create(path)?);
+    out.write_all(&(text.len() as u64).to_le_bytes())?;
+    out.write_all(&text)?;
+    for tensor in tensors {
+        for value in &tensor.values {
+            out.write_all(&value.to_le_bytes())?;
+        }
+    }
+    out.into_inner()
+        .map_err(io::IntoInnerError::into_error)?
+        .sync_all()
+}
+
+/// A captured tensor that cannot be read back.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// The file cannot be read.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The file is not a safetensors file this crate can read, or lacks the tensor.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Self::Invalid { path, reason } => write!(f, "{}: {reason}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for CaptureError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io { source, .. } => Some(source),
+            Self::Invalid { .. } => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: [usize; 2],
+}
+
+/// Largest safetensors header accepted, as the reference implementation does (100 MB).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Reads the captured tensor `reference` of the trace file at `trace_path`: its shape and its
+/// values (an `F32` safetensors entry, as this crate and the Python writer save them).
+pub fn read_capture(
+    trace_path: &Path,
+    reference: &CaptureRef,
+) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
+    let dir = trace_path.parent().unwrap_or_else(|| Path::new(""));
+    let path = dir.join(&reference.file);
+    let io = |source| CaptureError::Io {
+        path: path.clone(),
+        source,
+    };
+    let invalid = |reason: String| CaptureError::Invalid {
+        path: path.clone(),
+        reason,
+    };
+    let mut file = File::open(&path).map_err(io)?;
+    let mut size = [0u8; 8];
+    file.read_exact(&mut size).map_err(io)?;
+    let header_len = u64::from_le_bytes(size);
+    if header_len > MAX_HEADER_BYTES {
+        return Err(invalid(format!(
+            "header of {header_len} bytes is too large"
+        )));
+    }
+    let mut header = vec![0u8; usize::try_from(header_len).map_err(|e| invalid(e.to_string()))?];
+    file.read_exact(&mut header).map_err(io)?;
+    let entries: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
+    let entry = entries
+        .get(&reference.tensor)
+        .ok_or_else(|| invalid(format!("no tensor named {:?}", reference.tensor)))?;
+    let entry: Entry = serde_json::from_value(entry.clone())
+        .map_err(|e| invalid(format!("tensor {:?}: {e}", reference.tensor)))?;
+    if entry.dtype != "F32" {
+        return Err(invalid(format!(
+            "tensor {:?} is {}, not F32",
+            reference.tensor, entry.dtype
+        )));
+    }
+    let [start, end] = entry.data_offsets;
+    let count: usize = entry.shape.iter().product();
+    if end < start || end - start != count * 4 {
+        return Err(invalid(format!(
+            "tensor {:?}: offsets {start}..{end} do not hold shape {:?}",
+            reference.tensor, entry.shape
+        )));
+    }
+    file.seek(SeekFrom::Start(8 + header_len + start as u64))
+        .map_err(io)?;
+    let mut bytes = vec![0u8; end - start];
+    file.read_exact(&mut bytes).map_err(io)?;
+    let values = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok((entry.shape, values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_written_whole_and_read_back_exactly() {
+        let dir = std::env::temp_dir().join(format!("capture-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("run.ndjson");
+        let mut writer = CaptureWriter::new(&trace, 40);
+        let a: Vec<f32> = vec![1.0, f32::NAN, -0.0, f32::INFINITY, 5.5, 6.0];
+        let b: Vec<f32> = (0..8).map(|i| i as f32 * 0.25).collect();
+        let ra = writer
+            .add("p0.l0.input.s1".into(), vec![2, 3], a.clone())
+            .unwrap();
+        assert_eq!(ra.file, "run.tensors-0000.safetensors");
+        // nothing on disk until the chunk is full
+        assert!(!dir.join(&ra.file).exists());
+        let rb = writer
+            .add("p0.l0.output.s2".into(), vec![8], b.clone())
+            .unwrap();
+        assert_eq!(
+            rb.file, "run.tensors-0001.safetensors",
+            "b does not fit in chunk 0"
+        );
+        assert!(dir.join(&ra.file).exists());
+        writer.finish().unwrap();
+        let (shape, values) = read_capture(&trace, &ra).unwrap();
+        assert_eq!(shape, [2, 3]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&values), bits(&a));
+        assert_eq!(read_capture(&trace, &rb).unwrap().1, b);
+        let missing = CaptureRef {
+            file: rb.file.clone(),
+            tensor: "nope".into(),
+        };
+        assert!(read_capture(&trace, &missing)
+            .unwrap_err()
+            .to_string()
+            .contains("no tensor named"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

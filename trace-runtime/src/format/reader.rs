@@ -1,0 +1,368 @@
+//! Reading a trace file back: its header, then a streaming iterator of typed events.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::path::Path;
+
+use crate::record::{
+    AttentionEvent, ErrorEvent, Event, KvCacheEvent, LayerEvent, LogitsEvent, PassBegin, PassEnd,
+    QuantEvent, SessionEnd, TraceHeader, FORMAT_NAME, SCHEMA_VERSION,
+};
+
+/// Why a trace (or a line of it) cannot be read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The file cannot be read.
+    Io {
+        /// Which file (or `<input>`).
+        source_name: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The input is empty: there is no header line.
+    Empty {
+        /// Which file.
+        source_name: String,
+    },
+    /// The first line is not a model-trace header.
+    NotATrace {
+        /// Which file.
+        source_name: String,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The file was written with a newer schema than this reader knows.
+    UnsupportedSchema {
+        /// Which file.
+        source_name: String,
+        /// Its schema version.
+        found: u32,
+    },
+    /// The last line is incomplete, as when the writing program crashed or was killed: every
+    /// event before it was read. Not fatal; the iterator ends after it.
+    Truncated {
+        /// Which file.
+        source_name: String,
+        /// The line number (1-based).
+        line: usize,
+    },
+    /// A complete line that is not a valid event.
+    Malformed {
+        /// Which file.
+        source_name: String,
+        /// The line number (1-based).
+        line: usize,
+        /// What was expected and found.
+        reason: String,
+    },
+}
+
+impl ReadError {
+    /// Whether reading can go on after this error (only a cut last line, which ends the file).
+    pub fn is_truncation(&self) -> bool {
+        matches!(self, Self::Truncated { .. })
+    }
+
+    /// The line it is about, when there is one.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            Self::Truncated { line, .. } | Self::Malformed { line, .. } => Some(*line),
+            Self::NotATrace { .. } | Self::UnsupportedSchema { .. } => Some(1),
+            Self::Io { .. } | Self::Empty { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io { source_name, source } => write!(f, "{source_name}: {source}"),
+            Self::Empty { source_name } => write!(f, "{source_name}: empty, not a trace file (no header line)"),
+            Self::NotATrace { source_name, reason } => {
+                write!(f, "{source_name}:1: not a model-trace file: {reason}")
+            }
+            Self::UnsupportedSchema { source_name, found } => write!(
+                f,
+                "{source_name}:1: written with trace schema {found}, but this reader knows schema {SCHEMA_VERSION} and older; \
+                 upgrade model-trace to read it"
+            ),
+            Self::Truncated { source_name, line } => write!(
+                f,
+                "{source_name}:{line}: the last line is cut short (the writer stopped mid-line); \
+                 every event before it was read"
+            ),
+            Self::Malformed { source_name, line, reason } => write!(f, "{source_name}:{line}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// A trace file read line by line: [`header`](Self::header), then the events as an iterator.
+///
+/// The iterator yields every complete event; a last line cut short (a crash) is yielded as
+/// [`ReadError::Truncated`] and ends the iteration; any other bad line is
+/// [`ReadError::Malformed`], naming the line and what was expected, and reading goes on with
+/// the next line. Nothing in the input makes it panic.
+///
+/// ```no_run
+/// # use trace_runtime as model_trace;
+/// use model_trace::{Event, TraceReader};
+///
+/// let mut trace = TraceReader::open("smollm.ndjson")?;
+/// println!("{} tracepoints", trace.header().tracepoints.len());
+/// for event in &mut trace {
+///     if let Event::PassEnd(end) = event? {
+///         println!("pass {}: {} anomalies", end.pass, end.anomalies.len());
+///     }
+/// }
+/// # Ok::<(), model_trace::ReadError>(())
+/// ```
+pub struct TraceReader<R> {
+    input: R,
+    source_name: String,
+    header: TraceHeader,
+    line: usize,
+    buffer: String,
+    done: bool,
+    bytes_read: u64,
+}
+
+impl<R> fmt::Debug for TraceReader<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TraceReader")
+            .field("source", &self.source_name)
+            .field("line", &self.line)
+            .field("bytes_read", &self.bytes_read)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceReader<BufReader<File>> {
+    /// Opens the trace file at `path` and reads its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadError> {
+        let path = path.as_ref();
+        let source_name = path.display().to_string();
+        let file = File::open(path).map_err(|source| ReadError::Io {
+            source_name: source_name.clone(),
+            source,
+        })?;
+        Self::with_name(BufReader::with_capacity(1 << 20, file), source_name)
+    }
+}
+
+impl<R: BufRead> TraceReader<R> {
+    /// Reads the header of a trace from `input`.
+    pub fn new(input: R) -> Result<Self, ReadError> {
+        Self::with_name(input, "<input>".to_owned())
+    }
+
+    /// Like [`new`](Self::new), naming the input `source_name` in errors.
+    pub fn with_name(input: R, source_name: String) -> Result<Self, ReadError> {
+        let mut reader = Self {
+            input,
+            source_name,
+            header: placeholder_header(),
+            line: 0,
+            buffer: String::new(),
+            done: false,
+            bytes_read: 0,
+        };
+        let complete = match reader.next_line()? {
+            Some(complete) => complete,
+            None => {
+                return Err(ReadError::Empty {
+                    source_name: reader.source_name,
+                })
+            }
+        };
+        reader.header = reader.parse_header(complete)?;
+        Ok(reader)
+    }
+
+    /// The header.
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    /// Bytes read so far (for progress).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// The name errors use for the input.
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
+    /// Reads the next line into the buffer; `Some(complete)` (whether it ended in a newline),
+    /// `None` at the end.
+    fn next_line(&mut self) -> Result<Option<bool>, ReadError> {
+        self.buffer.clear();
+        let read = self.input.read_line(&mut self.buffer).map_err(|source| {
+            let kind = source.kind();
+            ReadError::Io {
+                source_name: self.source_name.clone(),
+                source: if kind == io::ErrorKind::InvalidData {
+                    io::Error::new(kind, format!("line {} is not UTF-8", self.line + 1))
+                } else {
+                    source
+                },
+            }
+        })?;
+        if read == 0 {
+            return Ok(None);
+        }
+        self.line += 1;
+        self.bytes_read += read as u64;
+        let complete = self.buffer.ends_with('\n');
+        while self.buffer.ends_with('\n') || self.buffer.ends_with('\r') {
+            self.buffer.pop();
+        }
+        Ok(Some(complete))
+    }
+
+    fn parse_header(&self, complete: bool) -> Result<TraceHeader, ReadError> {
+        let not_a_trace = |reason: String| ReadError::NotATrace {
+            source_name: self.source_name.clone(),
+            reason,
+        };
+        let value: serde_json::Value = serde_json::from_str(&self.buffer).map_err(|e| {
+            if complete {
+                not_a_trace(format!("the first line is not JSON ({e})"))
+            } else {
+                not_a_trace(format!("the header line is cut short ({e})"))
+            }
+        })?;
+        match value.get("format").and_then(serde_json::Value::as_str) {
+            Some(FORMAT_NAME) => {}
+            Some(other) => return Err(not_a_trace(format!("its format is {other:?}"))),
+            None => {
+                return Err(not_a_trace(
+                    "the first line has no \"format\" field".to_owned(),
+                ))
+            }
+        }
+        if let Some(found) = value.get("schema").and_then(serde_json::Value::as_u64) {
+            if found > u64::from(SCHEMA_VERSION) {
+                return Err(ReadError::UnsupportedSchema {
+                    source_name: self.source_name.clone(),
+                    found: u32::try_from(found).unwrap_or(u32::MAX),
+                });
+            }
+        }
+        serde_json::from_value(value).map_err(|e| not_a_trace(format!("bad header: {e}")))
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<Event, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let complete = match self.next_line() {
+                Ok(Some(complete)) => complete,
+                Ok(None) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(error) => {
+                    self.done = true;
+                    return Some(Err(error));
+                }
+            };
+            if self.buffer.trim().is_empty() {
+                continue;
+            }
+            return Some(match parse_event(&self.buffer) {
+                Ok(event) => Ok(event),
+                Err(_) if !complete => {
+                    self.done = true;
+                    Err(ReadError::Truncated {
+                        source_name: self.source_name.clone(),
+                        line: self.line,
+                    })
+                }
+                Err(reason) => Err(ReadError::Malformed {
+                    source_name: self.source_name.clone(),
+                    line: self.line,
+                    reason,
+                }),
+            });
+        }
+    }
+}
+
+/// One event line. Writers put the `event` tag first, which lets the line be read straight
+/// into its kind's type; a line with the tag elsewhere takes a slower path.
+pub(crate) fn parse_event(line: &str) -> Result<Event, String> {
+    let kind = leading_tag(line).map(str::to_owned).or_else(|| {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        value.get("event")?.as_str().map(str::to_owned)
+    });
+    let Some(kind) = kind else {
+        return Err(match serde_json::from_str::<serde_json::Value>(line) {
+            Err(e) => format!("not JSON: {e}"),
+            Ok(serde_json::Value::Object(_)) => "an object without an \"event\" field".to_owned(),
+            Ok(_) => "expected an object with an \"event\" field".to_owned(),
+        });
+    };
+    let typed = |result: Result<Event, serde_json::Error>| {
+        result.map_err(|e| format!("bad {kind:?} event: {e}"))
+    };
+    match kind.as_str() {
+        "pass_begin" => typed(serde_json::from_str::<PassBegin>(line).map(Event::PassBegin)),
+        "pass_end" => typed(serde_json::from_str::<PassEnd>(line).map(Event::PassEnd)),
+        "layer" => typed(serde_json::from_str::<LayerEvent>(line).map(Event::Layer)),
+        "attention" => typed(serde_json::from_str::<AttentionEvent>(line).map(Event::Attention)),
+        "logits" => typed(serde_json::from_str::<LogitsEvent>(line).map(Event::Logits)),
+        "kv_cache" => typed(serde_json::from_str::<KvCacheEvent>(line).map(Event::KvCache)),
+        "quant" => typed(serde_json::from_str::<QuantEvent>(line).map(Event::Quant)),
+        "error" => typed(serde_json::from_str::<ErrorEvent>(line).map(Event::Error)),
+        "session_end" => typed(serde_json::from_str::<SessionEnd>(line).map(Event::SessionEnd)),
+        "header" => Err("a second header line".to_owned()),
+        other => Err(format!(
+            "unknown event {other:?} (expected pass_begin, pass_end, layer, attention, logits, \
+             kv_cache, quant, error or session_end)"
+        )),
+    }
+}
+
+/// The tag of a line that starts `{"event":"<tag>"`.
+fn leading_tag(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("{\"event\":\"")?;
+    let end = rest.find('"')?;
+    Some(&rest[..end])
+}
+
+fn placeholder_header() -> TraceHeader {
+    TraceHeader {
+        format: String::new(),
+        schema: 0,
+        writer: String::new(),
+        session: 0,
+        process_id: 0,
+        thread: crate::record::ThreadInfo { id: 0, name: None },
+        clock: crate::record::Clock {
+            epoch_unix_ns: 0,
+            session_start_ns: 0,
+        },
+        config: crate::ModelTracerConfig::default(),
+        filter: String::new(),
+        capture: String::new(),
+        tracepoints: Vec::new(),
+        metadata: crate::RunMetadata::default(),
+    }
+}

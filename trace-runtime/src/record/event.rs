@@ -1,0 +1,320 @@
+//! Events: what a session hands to its sinks, one per thing that happened, in the order it
+//! happened. A trace file is a header and these events, one per line.
+//!
+//! Every event carries `seq`, the session's sequence number, increasing in execution order; the
+//! stages inside a layer event carry their own. Events that belong to a tracepoint name it
+//! (`tracepoint`, and `function`: the annotated function's `module::fn` path), and say which
+//! forward pass and layer they were recorded in. Times are nanoseconds on the clock of the
+//! file's header (monotonic, from the process's first session).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{
+    ActivationAnomalyKind, Anomaly, AttentionWeightTrace, KvCacheStateTrace, LogitEvolutionTrace,
+    QuantizationErrorTrace,
+};
+use crate::summary::TensorSummary;
+
+/// One thing that happened in a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A forward pass began.
+    PassBegin(PassBegin),
+    /// A forward pass ended; the anomaly rules and the logit evolution of the pass.
+    PassEnd(PassEnd),
+    /// A layer call ended: its input, stages and output.
+    Layer(LayerEvent),
+    /// Attention probabilities: a tensor's query rows, sparsely.
+    Attention(AttentionEvent),
+    /// Logits: a tensor's next-token rows.
+    Logits(LogitsEvent),
+    /// One step of a KV cache.
+    KvCache(KvCacheEvent),
+    /// Error of a quantized computation against its reference.
+    Quant(QuantEvent),
+    /// A value a tracepoint could not record, or a sink that failed (first occurrence; the
+    /// counts are in [`SessionEnd`]).
+    Error(ErrorEvent),
+    /// The session ended; a file without it was cut short.
+    SessionEnd(SessionEnd),
+}
+
+impl Event {
+    /// The sequence number.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Event::PassBegin(e) => e.seq,
+            Event::PassEnd(e) => e.seq,
+            Event::Layer(e) => e.seq,
+            Event::Attention(e) => e.seq,
+            Event::Logits(e) => e.seq,
+            Event::KvCache(e) => e.seq,
+            Event::Quant(e) => e.seq,
+            Event::Error(e) => e.seq,
+            Event::SessionEnd(e) => e.seq,
+        }
+    }
+
+    /// The name of the event's kind, as written in the `event` field.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Event::PassBegin(_) => "pass_begin",
+            Event::PassEnd(_) => "pass_end",
+            Event::Layer(_) => "layer",
+            Event::Attention(_) => "attention",
+            Event::Logits(_) => "logits",
+            Event::KvCache(_) => "kv_cache",
+            Event::Quant(_) => "quant",
+            Event::Error(_) => "error",
+            Event::SessionEnd(_) => "session_end",
+        }
+    }
+}
+
+/// A forward pass began.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassBegin {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass: 0, 1, 2, ... in the session.
+    pub pass: usize,
+    /// Position of the pass's first token (`#[trace_model(position = ..)]`; by default the pass
+    /// number).
+    pub position: usize,
+    /// The `#[trace_model]` tracepoint, or empty for a pass opened implicitly by a record
+    /// outside any `#[trace_model]`.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path (empty for an implicit pass).
+    pub function: Cow<'static, str>,
+    /// When it began, in ns.
+    pub start_ns: u64,
+}
+
+/// A forward pass ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassEnd {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass.
+    pub pass: usize,
+    /// Its position.
+    pub position: usize,
+    /// Time from its begin to its end, in ns (tracing's own work inside it included).
+    pub duration_ns: u64,
+    /// Layer calls in the pass.
+    pub layers: usize,
+    /// Every layer that broke an anomaly rule, reported one first (see
+    /// [`ModelActivationTrace`](crate::ModelActivationTrace)); empty when activations are not
+    /// traced.
+    pub anomalies: Vec<Anomaly>,
+    /// How the tracked tokens' ranks evolved through the layers, one per batch row that
+    /// recorded logits.
+    pub logit_evolution: Vec<LogitEvolutionTrace>,
+}
+
+impl PassEnd {
+    /// The reported anomaly's rule, if any.
+    pub fn anomaly_kind(&self) -> Option<ActivationAnomalyKind> {
+        self.anomalies.first().map(|a| a.kind)
+    }
+}
+
+/// One tensor recorded inside a layer: `input`, `output`, or a stage (see
+/// [`Stage`](crate::Stage)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageEvent {
+    /// Sequence number: stages are numbered in the order they were recorded.
+    pub seq: u64,
+    /// The stage.
+    pub name: Cow<'static, str>,
+    /// The tensor.
+    pub tensor: TensorSummary,
+}
+
+/// A layer call ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerEvent {
+    /// Sequence number, taken when the layer was entered.
+    pub seq: u64,
+    /// The pass.
+    pub pass: usize,
+    /// The layer index.
+    pub layer: usize,
+    /// The `#[trace_layer]` tracepoint.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// When it was entered, in ns.
+    pub start_ns: u64,
+    /// Time inside it, in ns (tracing's own work inside it included).
+    pub duration_ns: u64,
+    /// `input` (when recorded), the stages in execution order, `output` (when recorded).
+    pub stages: Vec<StageEvent>,
+    /// The exact residual ratio, when code recording by hand computed it
+    /// ([`LayerActivationTrace::record_residual`](crate::LayerActivationTrace::record_residual)).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::record::float::option"
+    )]
+    pub residual_ratio: Option<f32>,
+}
+
+impl LayerEvent {
+    /// The stage called `name` (`input`, `output` or any stage).
+    pub fn stage(&self, name: &str) -> Option<&StageEvent> {
+        self.stages.iter().find(|stage| stage.name == name)
+    }
+}
+
+/// Attention probabilities, read as `[batch, heads, q_len, k_len]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass, if one was open.
+    pub pass: Option<usize>,
+    /// The layer the probabilities belong to.
+    pub layer: usize,
+    /// The attention tracepoint.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// The whole tensor.
+    pub probs: TensorSummary,
+    /// The rows kept by the attention filter, each with its batch row, head and query.
+    pub rows: Vec<AttentionWeightTrace>,
+}
+
+/// One next-token row of a logits tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogitRow {
+    /// The batch row.
+    pub batch: usize,
+    /// The highest logits' token ids, best first (`auto_track_top_k` of them).
+    pub top_tokens: Vec<u32>,
+    /// Their logits.
+    #[serde(with = "crate::record::float::vec")]
+    pub top_logits: Vec<f32>,
+    /// Rank and logit of each explicitly tracked token (`tracked_tokens`), in that order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tracked: Vec<TrackedLogit>,
+}
+
+/// A tracked token in one logit row.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrackedLogit {
+    /// Token id.
+    pub token: u32,
+    /// Its logit (NaN outside the vocabulary).
+    #[serde(with = "crate::record::float::single")]
+    pub logit: f32,
+    /// Logits strictly greater than it (0: the top token).
+    pub rank: usize,
+}
+
+/// Logits, read as `[vocab]`, `[batch, vocab]` or `[batch, seq, vocab]` (the last position of
+/// each batch row: the next token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogitsEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass.
+    pub pass: usize,
+    /// The layer the logits belong to (the final one: one past the last block; for a logit
+    /// lens, the layer read).
+    pub layer: usize,
+    /// The logits tracepoint.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// The whole tensor.
+    pub logits: TensorSummary,
+    /// One per batch row (named apart from attention's `rows`, so that tools which infer one
+    /// type per field across lines, such as polars, read both).
+    pub batch_rows: Vec<LogitRow>,
+}
+
+/// One KV-cache step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvCacheEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass, if one was open.
+    pub pass: Option<usize>,
+    /// The kv-cache tracepoint.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// The cache's state after the step (its `layer` says which layer's cache it is).
+    pub state: KvCacheStateTrace,
+}
+
+/// Error of a quantized computation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass, if one was open.
+    pub pass: Option<usize>,
+    /// The quant tracepoint.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// The comparison (its `layer_idx` is the layer it was recorded in).
+    pub error: QuantizationErrorTrace,
+}
+
+/// What went wrong (see [`RecordError`](crate::RecordError)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass, if one was open.
+    pub pass: Option<usize>,
+    /// The layer, if one was open.
+    pub layer: Option<usize>,
+    /// The tracepoint; empty for an error of the session itself.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// What kind of error.
+    pub kind: crate::RecordErrorKind,
+    /// The message.
+    pub message: String,
+}
+
+/// The session ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionEnd {
+    /// Sequence number: also the number of sequence numbers used.
+    pub seq: u64,
+    /// When, in ns.
+    pub end_ns: u64,
+    /// Forward passes begun.
+    pub passes: usize,
+    /// Every distinct error with its count (at most
+    /// [`MAX_DISTINCT_ERRORS`](crate::MAX_DISTINCT_ERRORS) distinct ones are kept).
+    pub errors: Vec<ErrorCount>,
+    /// Occurrences of further distinct errors, counted but not kept.
+    #[serde(default)]
+    pub errors_not_kept: usize,
+}
+
+/// A distinct error and how often it happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCount {
+    /// The tracepoint; empty for an error of the session itself.
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// What kind of error.
+    pub kind: crate::RecordErrorKind,
+    /// The message.
+    pub message: String,
+    /// How often.
+    pub occurrences: usize,
+}

@@ -1,0 +1,118 @@
+//! The header of a session: what a trace file says about itself before its first event.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::registry::{Tracepoint, TracepointKind};
+use crate::session::ModelTracerConfig;
+
+/// Version of the trace-file schema this crate writes and reads. A reader refuses a file of a
+/// newer version; `docs/trace-format.md` says what each version means.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The value of the header's `format` field.
+pub const FORMAT_NAME: &str = "model-trace";
+
+/// Everything a session says about itself: the first line of a trace file, and what
+/// [`TraceSink::start`](crate::TraceSink::start) receives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Always `"model-trace"`.
+    pub format: String,
+    /// [`SCHEMA_VERSION`] of the writer.
+    pub schema: u32,
+    /// Version of the crate (or package) that wrote the file.
+    pub writer: String,
+    /// The session, unique within its process (sessions number from 1).
+    pub session: u64,
+    /// Operating-system process id.
+    pub process_id: u32,
+    /// The thread the session recorded on (a session is per thread).
+    pub thread: ThreadInfo,
+    /// The clock of every `*_ns` field.
+    pub clock: Clock,
+    /// What the session records.
+    pub config: ModelTracerConfig,
+    /// The session's filter (`MODEL_TRACE` syntax); empty: everything.
+    pub filter: String,
+    /// The capture filter; empty: nothing is captured.
+    pub capture: String,
+    /// Every tracepoint compiled into the program, sorted.
+    pub tracepoints: Vec<TracepointInfo>,
+    /// What the user said about the run.
+    pub metadata: RunMetadata,
+}
+
+/// The thread of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadInfo {
+    /// Threads that started sessions, numbered from 1 in the order of their first session.
+    pub id: u64,
+    /// The thread's name, if it has one (`main` for the main thread).
+    pub name: Option<String>,
+}
+
+/// Times in a trace are nanoseconds of a monotonic clock that starts when the process starts
+/// its first session; `epoch_unix_ns` is the wall-clock time of that start, so files of one
+/// process share a timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clock {
+    /// Wall-clock time of the clock's zero, in ns since 1970-01-01 UTC.
+    pub epoch_unix_ns: u64,
+    /// When this session started, on the clock.
+    pub session_start_ns: u64,
+}
+
+/// A tracepoint as written in a header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracepointInfo {
+    /// What it records.
+    pub kind: TracepointKind,
+    /// Its name.
+    pub name: String,
+    /// The annotated function's `module::fn` path (the module alone for an inline macro outside
+    /// any annotated function).
+    pub function: String,
+    /// Source file.
+    pub file: String,
+    /// Line.
+    pub line: u32,
+}
+
+impl From<&Tracepoint> for TracepointInfo {
+    fn from(tracepoint: &Tracepoint) -> Self {
+        Self {
+            kind: tracepoint.kind,
+            name: tracepoint.name.to_owned(),
+            function: tracepoint.path(),
+            file: tracepoint.file.to_owned(),
+            line: tracepoint.line,
+        }
+    }
+}
+
+/// What a user tells the session about the run, written into the header for whoever reads the
+/// trace later. Every field is optional; `extra` takes anything else.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunMetadata {
+    /// The model's name (`"SmolLM2-135M-Instruct"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Where its weights came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// The prompt or input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The element type computations run in (`"f32"`, `"q4_1 weights, f32 activations"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// The device (`"cpu"`, `"cuda:0"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Anything else, by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
+}

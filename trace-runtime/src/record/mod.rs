@@ -1,0 +1,22 @@
+//! The records: what tracing keeps of a run. Statistics of layers and their stages, sparse
+//! attention rows, logit ranks, KV-cache steps and quantization errors, the events that carry
+//! them from a session to its sinks, and the header that describes a session.
+
+mod activation;
+mod attention;
+mod event;
+pub(crate) mod float;
+mod header;
+mod kv_cache;
+mod logit;
+mod quant;
+mod stage;
+
+pub use activation::*;
+pub use attention::*;
+pub use event::*;
+pub use header::*;
+pub use kv_cache::*;
+pub use logit::*;
+pub use quant::*;
+pub use stage::Stage;

@@ -1,0 +1,562 @@
+//! The thread-local session that annotated code records into, and where it sends its records.
+//!
+//! A [`Session`] is current on the thread that started it: tracepoints reached on that thread
+//! record into it until [`Session::finish`]. The session owns the context of what is recorded
+//! (the forward pass in progress, the layers open inside it, the sequence numbers and times)
+//! and hands each record, as an [`Event`](crate::Event), to its sinks: the in-memory
+//! [`ModelTracer`] that `finish` returns, a trace file, a user's own [`TraceSink`]. Tracing is
+//! per thread because a forward pass runs on one thread and a thread-local needs no lock: the
+//! question every tracepoint asks first, "is a session active here?", is one load of a
+//! thread-local integer.
+//!
+//! # Decisions
+//!
+//! * **Nesting.** Starting a session while another is active on the thread shadows it: the
+//!   newest session records, and the previous one resumes when the newer one ends. Sessions may
+//!   end in any order.
+//! * **The environment.** [`Session::start`] reads `MODEL_TRACE` (a [`TraceFilter`]),
+//!   `MODEL_TRACE_OUT` (a trace file) and `MODEL_TRACE_CAPTURE` (a [`CaptureFilter`]); a value
+//!   that cannot be used is reported in one line on stderr and in [`Session::errors`], and the
+//!   session goes on without it ([`Session::try_start`] returns the error instead). A
+//!   [`SessionBuilder`] reads the environment only when asked ([`SessionBuilder::from_env`]);
+//!   [`Session::with_filter`] reads nothing.
+//! * **Filters.** The filter selects what is *recorded*. `model` and `layer` tracepoints keep
+//!   the structure of the pass (pass boundaries, layer numbering, the enclosing layer of
+//!   attention and logits) even when filtered out, so `MODEL_TRACE=attention:*` still gives
+//!   attention records the right layer index; a filtered-out layer records no statistics.
+//! * **Passes.** `#[trace_model]` begins and ends a forward pass; a nested one joins the pass
+//!   already open. Layers or logits recorded outside any `#[trace_model]` open an implicit pass
+//!   that lasts until the next `#[trace_model]` or the end of the session.
+//! * **Unreadable values** (a backend error, a shape that does not fit, a value that is not a
+//!   tensor where one is required) never panic: the record is skipped and the reason is kept
+//!   in [`Session::errors`], counted per tracepoint, kind and message.
+//! * **Trace files** are named by [`SessionBuilder::trace_file`]'s rule, so sessions of one
+//!   process never overwrite each other's files; they are flushed at the end of every forward
+//!   pass and when the session ends: at `finish`, when it is dropped, also while a panic unwinds.
+//! * **Feature `enabled` off:** the API exists, nothing is recorded and no file is written;
+//!   `finish` returns an empty tracer with the configuration it was given.
+
+mod capture;
+mod clock;
+mod config;
+mod errors;
+mod filter;
+pub(crate) mod state;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use capture::CaptureFilter;
+pub use config::{ModelTracerConfig, DEFAULT_MEMORY_LIMIT_BYTES};
+pub use errors::{RecordError, RecordErrorKind, MAX_DISTINCT_ERRORS};
+pub use filter::{FilterError, TraceFilter};
+
+use crate::format::{self, CaptureWriter, DEFAULT_CAPTURE_CHUNK_BYTES};
+use crate::record::{RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION};
+use crate::sink::{ModelTracer, TraceFileSink, TraceSink};
+use state::{SessionSetup, SessionState};
+
+/// The environment variable that [`Session::start`] reads as a [`TraceFilter`].
+pub const FILTER_ENV_VAR: &str = "MODEL_TRACE";
+/// The environment variable that [`Session::start`] reads as the trace file's path.
+pub const OUT_ENV_VAR: &str = "MODEL_TRACE_OUT";
+/// The environment variable that [`Session::start`] reads as a [`CaptureFilter`].
+pub const CAPTURE_ENV_VAR: &str = "MODEL_TRACE_CAPTURE";
+
+/// Tracing on the current thread, from [`Session::start`] to [`Session::finish`].
+///
+/// Not `Send`: the session lives in the thread's local state. Dropping it without `finish`
+/// ends it the same way (the trace file is complete) but discards the in-memory records.
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// send(trace_runtime::Session::start(trace_runtime::ModelTracerConfig::lightweight()));
+/// ```
+/// # use trace_runtime as model_trace;
+#[must_use = "a session records until it is finished; dropping it discards the in-memory records"]
+pub struct Session {
+    generation: u32,
+    trace_file: Option<PathBuf>,
+    #[cfg(not(feature = "enabled"))]
+    config: ModelTracerConfig,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// A session that could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// A trace filter (given, or from `MODEL_TRACE`) does not parse.
+    Filter(FilterError),
+    /// A capture filter (given, or from `MODEL_TRACE_CAPTURE`) does not parse.
+    Capture(FilterError),
+    /// The trace file cannot be created.
+    CreateFile {
+        /// The path tried.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Tensors are to be captured, but there is no trace file to put them beside.
+    CaptureWithoutFile,
+}
+
+impl fmt::Display for SessionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Filter(error) => write!(f, "{error}"),
+            Self::Capture(error) => write!(f, "capture filter: {error}"),
+            Self::CreateFile { path, source } => {
+                write!(
+                    f,
+                    "cannot create the trace file {}: {source}",
+                    path.display()
+                )
+            }
+            Self::CaptureWithoutFile => f.write_str(
+                "tensors are to be captured but no trace file is written \
+                 (set MODEL_TRACE_OUT or SessionBuilder::trace_file)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SessionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Filter(error) | Self::Capture(error) => Some(error),
+            Self::CreateFile { source, .. } => Some(source),
+            Self::CaptureWithoutFile => None,
+        }
+    }
+}
+
+impl From<FilterError> for SessionError {
+    fn from(error: FilterError) -> Self {
+        Self::Filter(error)
+    }
+}
+
+impl Session {
+    /// Starts recording on this thread with the settings of the environment: `MODEL_TRACE`
+    /// filters, `MODEL_TRACE_OUT` writes a trace file, `MODEL_TRACE_CAPTURE` saves tensors. A
+    /// value that cannot be used is reported on stderr and in [`errors`](Self::errors), and
+    /// ignored.
+    pub fn start(config: ModelTracerConfig) -> Self {
+        Session::builder(config).from_env().start_lenient()
+    }
+
+    /// Like [`start`](Self::start), but a value of the environment that cannot be used is an
+    /// error.
+    pub fn try_start(config: ModelTracerConfig) -> Result<Self, SessionError> {
+        Session::builder(config).from_env().start()
+    }
+
+    /// Starts recording only the tracepoints that `filter` admits (syntax on [`TraceFilter`]),
+    /// in memory; no environment variable is read.
+    pub fn with_filter(config: ModelTracerConfig, filter: &str) -> Result<Self, FilterError> {
+        Ok(Self::with_trace_filter(config, TraceFilter::parse(filter)?))
+    }
+
+    /// Starts recording only the tracepoints that `filter` admits, in memory; no environment
+    /// variable is read.
+    pub fn with_trace_filter(config: ModelTracerConfig, filter: TraceFilter) -> Self {
+        let mut builder = Session::builder(config);
+        builder.parsed_filter = Some(filter);
+        // Nothing in this builder can fail: no file, no capture, no environment.
+        builder.build(true).unwrap_or_else(|_| Session::inert())
+    }
+
+    /// A builder for a session with sinks, a trace file, captures or metadata.
+    pub fn builder(config: ModelTracerConfig) -> SessionBuilder {
+        SessionBuilder {
+            config,
+            filter: Setting::Unset,
+            parsed_filter: None,
+            trace_file: Setting::Unset,
+            capture: Setting::Unset,
+            capture_chunk_bytes: DEFAULT_CAPTURE_CHUNK_BYTES,
+            metadata: RunMetadata::default(),
+            keep_in_memory: true,
+            sinks: Vec::new(),
+            from_env: false,
+        }
+    }
+
+    /// A session that records nothing (used when even the fallback cannot start).
+    fn inert() -> Self {
+        Self {
+            generation: 0,
+            trace_file: None,
+            #[cfg(not(feature = "enabled"))]
+            config: ModelTracerConfig::default(),
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether a session records on the current thread.
+    pub fn is_active() -> bool {
+        state::active_generation() != 0
+    }
+
+    /// The trace file this session writes, if any.
+    pub fn trace_file(&self) -> Option<&Path> {
+        self.trace_file.as_deref()
+    }
+
+    /// What could not be recorded so far, in the order first seen.
+    pub fn errors(&self) -> Vec<RecordError> {
+        state::with_session(self.generation, |session| session.errors()).unwrap_or_default()
+    }
+
+    /// Stops recording and returns what was kept in memory. An open forward pass and open
+    /// layers are closed first, so their records are kept; the trace file, if any, is complete
+    /// when this returns.
+    pub fn finish(self) -> ModelTracer {
+        self.finish_with_errors().0
+    }
+
+    /// [`finish`](Self::finish), also returning [`errors`](Self::errors) (among them a trace
+    /// file that could not be written).
+    pub fn finish_with_errors(self) -> (ModelTracer, Vec<RecordError>) {
+        let mut this = self;
+        match state::remove(this.generation) {
+            Some(session) => session.into_results(),
+            None => (ModelTracer::new(this.take_config()), Vec::new()),
+        }
+    }
+
+    /// The configuration of a session that records nothing (compiled out, or never started).
+    fn take_config(&mut self) -> ModelTracerConfig {
+        #[cfg(not(feature = "enabled"))]
+        return std::mem::take(&mut self.config);
+        #[cfg(feature = "enabled")]
+        ModelTracerConfig::default()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Ends the session (flushing its sinks) if `finish` did not take it already.
+        drop(state::remove(self.generation));
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("generation", &self.generation)
+            .field("trace_file", &self.trace_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A value given to the builder, taken from the environment, or neither.
+#[derive(Debug, Clone)]
+enum Setting {
+    Unset,
+    Given(String),
+}
+
+/// Sets up a [`Session`]: its sinks, trace file, captures, filter and metadata.
+///
+/// ```no_run
+/// # use trace_runtime as model_trace;
+/// use model_trace::{ModelTracerConfig, Session};
+///
+/// let session = Session::builder(ModelTracerConfig::full())
+///     .trace_file("smollm.ndjson")        // a trace file (see the naming rule)
+///     .capture("layer:*,pass=0")          // the first pass's layer inputs and outputs in full
+///     .model("SmolLM2-135M-Instruct")
+///     .prompt("The capital of France is")
+///     .start()?;                           // an unwritable path is an error naming it
+/// // ... run the model ...
+/// let tracer = session.finish();
+/// # Ok::<(), model_trace::SessionError>(())
+/// ```
+#[must_use = "a builder does nothing until `start`"]
+pub struct SessionBuilder {
+    config: ModelTracerConfig,
+    filter: Setting,
+    parsed_filter: Option<TraceFilter>,
+    trace_file: Setting,
+    capture: Setting,
+    capture_chunk_bytes: usize,
+    metadata: RunMetadata,
+    keep_in_memory: bool,
+    sinks: Vec<Box<dyn TraceSink>>,
+    from_env: bool,
+}
+
+impl fmt::Debug for SessionBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionBuilder")
+            .field("config", &self.config)
+            .field("filter", &self.filter)
+            .field("trace_file", &self.trace_file)
+            .field("capture", &self.capture)
+            .field("sinks", &self.sinks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionBuilder {
+    /// Records only the tracepoints that `filter` admits (syntax on [`TraceFilter`]).
+    pub fn filter(mut self, filter: impl Into<String>) -> Self {
+        self.filter = Setting::Given(filter.into());
+        self
+    }
+
+    /// Writes a trace file (NDJSON, format in `docs/trace-format.md`).
+    ///
+    /// **Naming rule.** The first session of the process that asks for `path` writes `path`
+    /// itself; the `n`-th after it (sessions on other threads, or later sessions) writes
+    /// `stem.n.ext` beside it (`run.ndjson`, `run.1.ndjson`, `run.2.ndjson`, ...), so sessions
+    /// of one process never overwrite each other's files. A file left by an earlier run of
+    /// the program is replaced. [`Session::trace_file`] says which path a session got.
+    pub fn trace_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.trace_file = Setting::Given(path.as_ref().to_string_lossy().into_owned());
+        self
+    }
+
+    /// Saves the full tensors selected by `filter` (syntax on [`CaptureFilter`]) as
+    /// safetensors files beside the trace file, which this needs.
+    pub fn capture(mut self, filter: impl Into<String>) -> Self {
+        self.capture = Setting::Given(filter.into());
+        self
+    }
+
+    /// Size of each captured-tensor file (default 64 MiB): tensors are held in memory until a
+    /// file's worth is ready, then written whole.
+    pub fn capture_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.capture_chunk_bytes = bytes;
+        self
+    }
+
+    /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT` and `MODEL_TRACE_CAPTURE` for what the builder
+    /// was not given explicitly.
+    pub fn from_env(mut self) -> Self {
+        self.from_env = true;
+        self
+    }
+
+    /// Whether the in-memory [`ModelTracer`] keeps records (default: yes). Without it,
+    /// [`Session::finish`] returns an empty tracer.
+    pub fn in_memory(mut self, keep: bool) -> Self {
+        self.keep_in_memory = keep;
+        self
+    }
+
+    /// Adds a sink of the user's.
+    pub fn sink(mut self, sink: impl TraceSink + 'static) -> Self {
+        self.sinks.push(Box::new(sink));
+        self
+    }
+
+    /// Everything said about the run at once.
+    pub fn metadata(mut self, metadata: RunMetadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The model's name, for the header.
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.metadata.model = Some(model.into());
+        self
+    }
+
+    /// Where the weights came from, for the header.
+    pub fn weights(mut self, weights: impl Into<String>) -> Self {
+        self.metadata.weights = Some(weights.into());
+        self
+    }
+
+    /// The prompt or input, for the header.
+    pub fn prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.metadata.prompt = Some(prompt.into());
+        self
+    }
+
+    /// The element type computations run in, for the header.
+    pub fn dtype(mut self, dtype: impl Into<String>) -> Self {
+        self.metadata.dtype = Some(dtype.into());
+        self
+    }
+
+    /// The device, for the header.
+    pub fn device(mut self, device: impl Into<String>) -> Self {
+        self.metadata.device = Some(device.into());
+        self
+    }
+
+    /// Anything else about the run, by name.
+    pub fn extra(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.extra.insert(key.into(), value.into());
+        self
+    }
+
+    /// Starts the session on this thread.
+    ///
+    /// # Errors
+    ///
+    /// A filter or capture filter that does not parse, a trace file that cannot be created
+    /// (the error names the path), or a capture without a trace file.
+    pub fn start(self) -> Result<Session, SessionError> {
+        self.build(false)
+    }
+
+    /// Starts the session on this thread whatever happens: a value that cannot be used (a
+    /// filter that does not parse, a trace file that cannot be created) is reported in one line
+    /// on stderr and in [`Session::errors`], and the session goes on without it. For programs
+    /// whose tracing must never stop them.
+    pub fn start_lenient(self) -> Session {
+        let config = self.config.clone();
+        self.build(true)
+            .unwrap_or_else(|_| Session::with_trace_filter(config, TraceFilter::all()))
+    }
+
+    /// `lenient`: a value that cannot be used is reported and ignored rather than an error.
+    fn build(mut self, lenient: bool) -> Result<Session, SessionError> {
+        let mut setup_errors = Vec::new();
+        let mut refuse = |error: SessionError, origin: Option<&str>| -> Result<(), SessionError> {
+            if lenient {
+                let origin = origin.map_or_else(String::new, |var| format!("{var}: "));
+                if cfg!(feature = "enabled") {
+                    eprintln!("model-trace: {origin}{error}; going on without it");
+                }
+                setup_errors.push((RecordErrorKind::Config, format!("{origin}{error}; ignored")));
+                Ok(())
+            } else {
+                Err(error)
+            }
+        };
+        let (filter_text, filter_from_env) = self.setting(&self.filter, FILTER_ENV_VAR);
+        let filter = match self.parsed_filter.take() {
+            Some(filter) => filter,
+            None => match TraceFilter::parse(filter_text.as_deref().unwrap_or("")) {
+                Ok(filter) => filter,
+                Err(error) => {
+                    refuse(SessionError::Filter(error), filter_from_env)?;
+                    TraceFilter::all()
+                }
+            },
+        };
+        if !cfg!(feature = "enabled") {
+            return Ok(Session::disabled(self.config));
+        }
+        let (capture_text, capture_from_env) = self.setting(&self.capture, CAPTURE_ENV_VAR);
+        let capture = match capture_text
+            .as_deref()
+            .map(CaptureFilter::parse)
+            .transpose()
+        {
+            Ok(capture) => capture.filter(|c| !c.is_empty()),
+            Err(error) => {
+                refuse(SessionError::Capture(error), capture_from_env)?;
+                None
+            }
+        };
+        let (file_text, file_from_env) = self.setting(&self.trace_file, OUT_ENV_VAR);
+        let mut trace_file = None;
+        let mut capture_writer = None;
+        if let Some(requested) = file_text.filter(|path| !path.is_empty()) {
+            let path = format::claim_path(Path::new(&requested));
+            match TraceFileSink::create(&path) {
+                Ok(sink) => {
+                    if let Some(filter) = &capture {
+                        capture_writer = Some((
+                            filter.clone(),
+                            CaptureWriter::new(&path, self.capture_chunk_bytes),
+                        ));
+                    }
+                    self.sinks.insert(0, Box::new(sink));
+                    trace_file = Some(path);
+                }
+                Err(source) => refuse(SessionError::CreateFile { path, source }, file_from_env)?,
+            }
+        }
+        if capture.is_some() && capture_writer.is_none() && trace_file.is_none() {
+            refuse(SessionError::CaptureWithoutFile, capture_from_env)?;
+        }
+        let header = self.header(&filter, capture.as_ref());
+        let setup = SessionSetup {
+            config: self.config,
+            filter,
+            keep_in_memory: self.keep_in_memory,
+            sinks: self.sinks,
+            capture: capture_writer,
+            header,
+            setup_errors,
+        };
+        let generation = state::push(SessionState::new(setup));
+        Ok(Session {
+            generation,
+            trace_file,
+            // Not reached without `enabled` (returned above); the field exists only then.
+            #[cfg(not(feature = "enabled"))]
+            config: ModelTracerConfig::default(),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The value of a setting: given, else from `var` when reading the environment; with the
+    /// variable's name when it came from there.
+    fn setting(
+        &self,
+        given: &Setting,
+        var: &'static str,
+    ) -> (Option<String>, Option<&'static str>) {
+        match given {
+            Setting::Given(value) => (Some(value.clone()), None),
+            Setting::Unset if self.from_env => match std::env::var(var) {
+                Ok(value) => (Some(value), Some(var)),
+                Err(std::env::VarError::NotPresent) => (None, None),
+                Err(std::env::VarError::NotUnicode(raw)) => {
+                    (Some(raw.to_string_lossy().into_owned()), Some(var))
+                }
+            },
+            Setting::Unset => (None, None),
+        }
+    }
+
+    fn header(&self, filter: &TraceFilter, capture: Option<&CaptureFilter>) -> TraceHeader {
+        static SESSIONS: AtomicU64 = AtomicU64::new(1);
+        TraceHeader {
+            format: FORMAT_NAME.to_owned(),
+            schema: SCHEMA_VERSION,
+            writer: format!("model-trace {}", env!("CARGO_PKG_VERSION")),
+            session: SESSIONS.fetch_add(1, Ordering::Relaxed),
+            process_id: std::process::id(),
+            thread: clock::this_thread(),
+            clock: crate::record::Clock {
+                session_start_ns: clock::now_ns(),
+                epoch_unix_ns: clock::epoch_unix_ns(),
+            },
+            config: self.config.clone(),
+            filter: filter.to_string(),
+            capture: capture.map(ToString::to_string).unwrap_or_default(),
+            tracepoints: crate::tracepoints()
+                .into_iter()
+                .map(TracepointInfo::from)
+                .collect(),
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+impl Session {
+    /// The session of a build without the `enabled` feature: it records nothing.
+    #[cfg_attr(feature = "enabled", allow(dead_code))]
+    fn disabled(config: ModelTracerConfig) -> Self {
+        let _ = &config;
+        Self {
+            generation: 0,
+            trace_file: None,
+            #[cfg(not(feature = "enabled"))]
+            config,
+            _not_send: PhantomData,
+        }
+    }
+}
