@@ -73,8 +73,10 @@ impl TraceSink for TraceFileSink {
     }
 
     fn event(&mut self, event: &Event) -> Result<(), SinkError> {
-        serde_json::to_writer(&mut self.line, event).map_err(|e| self.fail(e))?;
-        self.write_line().map_err(|e| self.fail(e))?;
+        // Straight into the buffer: a line split across two writes to the file is what a
+        // crash can leave anyway, and the reader reports it.
+        serde_json::to_writer(&mut self.out, event).map_err(|e| self.fail(e))?;
+        self.out.write_all(b"\n").map_err(|e| self.fail(e))?;
         if matches!(event, Event::PassEnd(_)) {
             self.out.flush().map_err(|e| self.fail(e))?;
         }

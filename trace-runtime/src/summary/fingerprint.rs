@@ -42,12 +42,25 @@ fn as_bytes(data: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
 }
 
+impl Fingerprint {
+    /// The 64 lowercase hex digits (written by hand: formatting 32 `{:02x}` costs ~30× more,
+    /// and every tensor of a trace file has a fingerprint).
+    fn hex(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 64];
+        for (pair, byte) in text.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        text
+    }
+}
+
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        let hex = self.hex();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -92,7 +105,9 @@ impl FromStr for Fingerprint {
 
 impl Serialize for Fingerprint {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let hex = self.hex();
+        let text = std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(text)
     }
 }
 
