@@ -24,7 +24,7 @@ mod tensor;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use analysis::find_anomalies;
+pub use analysis::{compare, find_anomalies};
 pub use format::*;
 pub use record::*;
 pub use registry::*;

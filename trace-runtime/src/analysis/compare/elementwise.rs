@@ -1,0 +1,152 @@
+//! Comparing two captured tensors value by value.
+
+use super::{Check, ErrorMeasure, ErrorStat, Pair};
+use crate::format::read_capture;
+
+/// The decisive check and the exact error measures, or `None` when either side was not
+/// captured (or a capture could not be read: then a warning says why).
+pub(super) fn compare(
+    pair: &Pair<'_>,
+    warnings: &mut Vec<String>,
+) -> Option<(Check, ErrorMeasure)> {
+    let load = |(trace, tensor): (&super::TraceTensors, &super::TracedTensor)| {
+        let reference = tensor.tensor.capture.as_ref()?;
+        let path = trace.path.as_ref()?;
+        Some(read_capture(path, reference).map(|(_, values)| values))
+    };
+    let a = load(pair.reference)?;
+    let b = load(pair.other)?;
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            warnings.push(format!("{e}; compared by summaries instead"));
+            return None;
+        }
+    };
+    if a.len() != b.len() {
+        warnings.push(format!(
+            "captured tensors of {} and {} values for one record; compared by summaries instead",
+            a.len(),
+            b.len()
+        ));
+        return None;
+    }
+    Some(measure(
+        &a,
+        &b,
+        pair.tolerance.atol,
+        pair.tolerance.rtol,
+        pair.error_stat,
+    ))
+}
+
+/// Each element's error against its allowance `atol + rtol·|a_i|`, the statistic `stat` of
+/// those ratios, and the exact error measures. Elements that are NaN on both sides, or the same
+/// infinity, agree.
+pub(crate) fn measure(
+    a: &[f32],
+    b: &[f32],
+    atol: f64,
+    rtol: f64,
+    stat: ErrorStat,
+) -> (Check, ErrorMeasure) {
+    let mut ratios = Vec::with_capacity(a.len());
+    let (mut diff_sq, mut a_sq, mut b_sq, mut dot, mut sum_a) =
+        (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
+    let mut finite = 0usize;
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        if (x.is_nan() && y.is_nan()) || (x.is_infinite() && x == y) {
+            ratios.push(0.0);
+            continue;
+        }
+        let d = (y - x).abs();
+        let allowed = atol + rtol * x.abs();
+        ratios.push(if d.is_nan() {
+            f64::INFINITY
+        } else if d == 0.0 {
+            0.0
+        } else if allowed > 0.0 {
+            d / allowed
+        } else {
+            f64::INFINITY
+        });
+        if x.is_finite() && y.is_finite() {
+            finite += 1;
+            diff_sq += d * d;
+            a_sq += x * x;
+            b_sq += y * y;
+            dot += x * y;
+            sum_a += x;
+            max_abs = max_abs.max(d);
+            if x != 0.0 {
+                max_rel = max_rel.max(d / x.abs());
+            }
+        }
+    }
+    let mismatched = ratios.iter().filter(|&&r| r > 1.0).count();
+    let decisive = match stat {
+        ErrorStat::Elementwise => ratios.iter().copied().fold(0.0, f64::max),
+        #[allow(clippy::cast_precision_loss)]
+        ErrorStat::Mean => ratios.iter().sum::<f64>() / ratios.len().max(1) as f64,
+        ErrorStat::Median => quantile(&mut ratios, 0.5),
+        ErrorStat::Quantile(q) => quantile(&mut ratios, q),
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let n = finite.max(1) as f64;
+    let variance = a_sq / n - (sum_a / n).powi(2);
+    let measure = ErrorMeasure {
+        relative_error: (a_sq > 0.0).then(|| (diff_sq / a_sq).sqrt()),
+        exact: true,
+        max_abs_error: Some(max_abs),
+        max_rel_error: Some(max_rel),
+        cosine: (a_sq > 0.0 && b_sq > 0.0).then(|| dot / (a_sq.sqrt() * b_sq.sqrt())),
+        nmse_db: (variance > 0.0).then(|| 10.0 * (diff_sq / n / variance).log10()),
+        mismatched: Some((mismatched, ratios.len())),
+    };
+    let check = Check {
+        what: format!("elements ({stat})"),
+        reference: 0.0,
+        other: 0.0,
+        difference: decisive,
+        allowed: 1.0,
+    };
+    (check, measure)
+}
+
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let at = ((values.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    values[at]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_measures_and_statistics() {
+        let a = [1.0, 2.0, -4.0, f32::NAN, 0.0];
+        let b = [1.0, 2.002, -4.0, f32::NAN, 0.5];
+        let (check, measured) = measure(&a, &b, 0.01, 0.0, ErrorStat::Elementwise);
+        assert!((check.difference - 50.0).abs() < 1e-9, "{check:?}");
+        assert_eq!(measured.mismatched, Some((1, 5)));
+        assert!((measured.max_abs_error.unwrap() - 0.5).abs() < 1e-9);
+        let (median, _) = measure(&a, &b, 0.01, 0.0, ErrorStat::Median);
+        assert_eq!(median.difference, 0.0);
+        let (mean, _) = measure(&a, &b, 1.0, 0.0, ErrorStat::Mean);
+        assert!(mean.difference < 1.0);
+        let (same, exact) = measure(&a, &a, 0.0, 0.0, ErrorStat::Elementwise);
+        assert_eq!((same.difference, exact.relative_error), (0.0, Some(0.0)));
+        assert_eq!(exact.nmse_db, Some(f64::NEG_INFINITY));
+    }
+}

@@ -1,0 +1,204 @@
+//! How close is close: `atol` and `rtol` as in `torch.testing.assert_close` (an element `b` of
+//! the compared tensor is close to the reference's `a` when `|b − a| ≤ atol + rtol·|a|`), a
+//! default and per-name overrides as in Polygraphy, and which error statistic decides when
+//! full tensors are compared.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Polygraphy's default absolute tolerance (for FP32 comparisons).
+pub const DEFAULT_ATOL: f64 = 1e-5;
+/// Polygraphy's default relative tolerance (for FP32 comparisons).
+pub const DEFAULT_RTOL: f64 = 1e-5;
+
+/// Absolute and relative tolerance of one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part, times the reference's magnitude.
+    pub rtol: f64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Self {
+        Self {
+            atol: DEFAULT_ATOL,
+            rtol: DEFAULT_RTOL,
+        }
+    }
+}
+
+/// Which statistic of the elementwise error decides, when both tensors were captured in full
+/// (Polygraphy's `--check-error-stat`). Each element's error is measured against its own
+/// allowance, `r_i = |b_i − a_i| / (atol + rtol·|a_i|)`; the tensors are close when the
+/// statistic of the `r_i` is at most 1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorStat {
+    /// Every element (the strictest; the default).
+    #[default]
+    Elementwise,
+    /// The mean of the `r_i`.
+    Mean,
+    /// Their median.
+    Median,
+    /// Their `q`-quantile.
+    Quantile(f64),
+}
+
+impl fmt::Display for ErrorStat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Elementwise => f.write_str("elementwise"),
+            Self::Mean => f.write_str("mean"),
+            Self::Median => f.write_str("median"),
+            Self::Quantile(q) => write!(f, "quantile {q}"),
+        }
+    }
+}
+
+/// A default tolerance and overrides by name (globs over full names such as `layer.*.mlp_out`;
+/// the last override that matches wins), for `atol` and `rtol` separately.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tolerances {
+    /// For every tensor no override matches.
+    pub default: Tolerance,
+    /// `(glob, atol)` overrides.
+    pub atol_overrides: Vec<(String, f64)>,
+    /// `(glob, rtol)` overrides.
+    pub rtol_overrides: Vec<(String, f64)>,
+    /// The statistic that decides for captured tensors.
+    pub error_stat: ErrorStat,
+}
+
+/// A tolerance argument that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToleranceError(pub String);
+
+impl fmt::Display for ToleranceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ToleranceError {}
+
+impl Tolerances {
+    /// Adds `--atol [NAME:]VALUE` (Polygraphy's syntax: split on the last `:`; no name sets the
+    /// default).
+    pub fn add_atol(&mut self, argument: &str) -> Result<(), ToleranceError> {
+        match parse_argument(argument, "atol")? {
+            (None, value) => self.default.atol = value,
+            (Some(name), value) => self.atol_overrides.push((name, value)),
+        }
+        Ok(())
+    }
+
+    /// Adds `--rtol [NAME:]VALUE`.
+    pub fn add_rtol(&mut self, argument: &str) -> Result<(), ToleranceError> {
+        match parse_argument(argument, "rtol")? {
+            (None, value) => self.default.rtol = value,
+            (Some(name), value) => self.rtol_overrides.push((name, value)),
+        }
+        Ok(())
+    }
+
+    /// The tolerance of the tensor with full name `name`.
+    pub fn for_name(&self, name: &str) -> Tolerance {
+        let pick = |overrides: &[(String, f64)], default: f64| {
+            overrides
+                .iter()
+                .rev()
+                .find(|(glob, _)| glob_match(glob, name))
+                .map_or(default, |(_, value)| *value)
+        };
+        Tolerance {
+            atol: pick(&self.atol_overrides, self.default.atol),
+            rtol: pick(&self.rtol_overrides, self.default.rtol),
+        }
+    }
+}
+
+fn parse_argument(argument: &str, what: &str) -> Result<(Option<String>, f64), ToleranceError> {
+    let (name, value) = match argument.rsplit_once(':') {
+        Some((name, value)) => (Some(name.trim().to_owned()), value.trim()),
+        None => (None, argument.trim()),
+    };
+    let value: f64 = value.parse().map_err(|_| {
+        ToleranceError(format!(
+            "--{what} takes [NAME:]VALUE with a number VALUE, not {argument:?}"
+        ))
+    })?;
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(ToleranceError(format!(
+            "--{what} must be a finite number ≥ 0, not {argument:?}"
+        )));
+    }
+    if name.as_deref() == Some("") {
+        return Err(ToleranceError(format!(
+            "--{what}: an empty name in {argument:?}"
+        )));
+    }
+    Ok((name, value))
+}
+
+/// Glob match with `*` and `?`.
+pub(crate) fn glob_match(glob: &str, text: &str) -> bool {
+    let (glob, text): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
+    let (mut g, mut t) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match glob.get(g) {
+            Some('*') => {
+                backtrack = Some((g, t));
+                g += 1;
+            }
+            Some(&c) if c == '?' || c == text[t] => {
+                g += 1;
+                t += 1;
+            }
+            _ => match backtrack {
+                Some((star, matched)) => {
+                    g = star + 1;
+                    t = matched + 1;
+                    backtrack = Some((star, matched + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polygraphy_style_overrides() {
+        let mut tolerances = Tolerances::default();
+        tolerances.add_atol("1e-4").unwrap();
+        tolerances.add_atol("layer.*.mlp_out:1e-2").unwrap();
+        tolerances.add_rtol("layer.2?.*:0.5").unwrap();
+        assert_eq!(
+            tolerances.for_name("layer.3.attn_out"),
+            Tolerance {
+                atol: 1e-4,
+                rtol: 1e-5
+            }
+        );
+        assert_eq!(tolerances.for_name("layer.3.mlp_out").atol, 1e-2);
+        assert_eq!(
+            tolerances.for_name("layer.21.mlp_out"),
+            Tolerance {
+                atol: 1e-2,
+                rtol: 0.5
+            }
+        );
+        for bad in ["x", "-1", "inf", ":1", "layer:nan"] {
+            assert!(tolerances.add_atol(bad).is_err(), "{bad}");
+        }
+    }
+}
