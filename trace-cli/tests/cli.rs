@@ -1,0 +1,292 @@
+//! The `model-trace` command on trace files written by a small annotated model: what `list`
+//! and `summary` say, and `diff`'s verdicts, JSON and exit codes (0 matched, 1 diverged, 2 bad
+//! input).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use model_trace::{trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session};
+
+/// A model whose third stage can be broken on purpose.
+struct Model {
+    scale: f32,
+    /// Reverses the order of `mlp_out`'s values in layer 1: statistics unchanged.
+    reverse: bool,
+}
+
+impl Model {
+    #[trace_layer]
+    fn block(&self, x: &[f32], index: usize) -> Vec<f32> {
+        let attn_out: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v * self.scale + i as f32 * 0.01).tanh())
+            .collect();
+        trace_tensor!("attn_out", &attn_out);
+        let mut mlp_out: Vec<f32> = attn_out.iter().map(|v| v * 0.5 - 0.1).collect();
+        if self.reverse && index == 1 {
+            mlp_out.reverse();
+        }
+        trace_tensor!("mlp_out", &mlp_out);
+        x.iter().zip(&mlp_out).map(|(a, b)| a + b).collect()
+    }
+
+    #[trace_model(position = position)]
+    fn forward(&self, position: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = (0..64)
+            .map(|i| ((i + position) as f32 * 0.37).sin())
+            .collect();
+        for layer in 0..3 {
+            x = self.block(&x, layer);
+        }
+        x
+    }
+}
+
+fn write_trace(dir: &Path, name: &str, model: &Model, capture: Option<&str>) -> PathBuf {
+    let path = dir.join(name);
+    let mut builder = Session::builder(ModelTracerConfig::lightweight()).trace_file(&path);
+    if let Some(capture) = capture {
+        builder = builder.capture(capture);
+    }
+    let session = builder.start().expect("the trace file can be created");
+    for position in 0..2 {
+        model.forward(position);
+    }
+    session.finish();
+    path
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("model-trace-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_model-trace"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn list_and_summary_describe_a_trace() {
+    let dir = scratch("list");
+    let path = write_trace(
+        &dir,
+        "a.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: false,
+        },
+        None,
+    );
+    let path = path.to_str().unwrap();
+    let list = run(&["list", path]);
+    assert!(list.status.success(), "{}", text(&list));
+    let listed = text(&list);
+    for expected in [
+        "schema 1",
+        "passes: 2 (positions 0, 1)",
+        "layer 6",
+        "pass_end 2",
+        "record errors: none",
+    ] {
+        assert!(listed.contains(expected), "{expected:?} not in\n{listed}");
+    }
+    let summary = run(&["summary", path]);
+    assert!(summary.status.success(), "{}", text(&summary));
+    let summarized = text(&summary);
+    assert!(summarized.contains("Forward passes: 2"), "{summarized}");
+    assert!(summarized.contains("layer  calls"), "{summarized}");
+}
+
+#[test]
+fn diff_finds_what_statistics_cannot_see_and_says_where() {
+    let dir = scratch("diff");
+    let reference = write_trace(
+        &dir,
+        "reference.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: false,
+        },
+        None,
+    );
+    let same = write_trace(
+        &dir,
+        "same.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: false,
+        },
+        None,
+    );
+    let reversed = write_trace(
+        &dir,
+        "reversed.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: true,
+        },
+        None,
+    );
+    let (reference, same, reversed) = (
+        reference.to_str().unwrap(),
+        same.to_str().unwrap(),
+        reversed.to_str().unwrap(),
+    );
+
+    let identical = run(&["diff", reference, same]);
+    assert_eq!(identical.status.code(), Some(0), "{}", text(&identical));
+    assert!(
+        text(&identical).contains("no divergence"),
+        "{}",
+        text(&identical)
+    );
+
+    let diverged = run(&["diff", reference, reversed]);
+    assert_eq!(diverged.status.code(), Some(1), "{}", text(&diverged));
+    let said = text(&diverged);
+    assert!(
+        said.contains("first divergence: pass 0, layer 1, mlp_out"),
+        "{said}"
+    );
+
+    let json = run(&["diff", "--json", reference, reversed]);
+    assert_eq!(json.status.code(), Some(1));
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON on stdout");
+    let first = &value["first_divergence"];
+    assert_eq!(
+        (
+            first["pass"].as_u64(),
+            first["layer"].as_u64(),
+            first["stage"].as_str()
+        ),
+        (Some(0), Some(1), Some("mlp_out"))
+    );
+    // The statistics cannot see a reordering; the sketch and the samples do.
+    let failing: Vec<&str> = first["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["difference"].as_f64() > c["allowed"].as_f64())
+        .filter_map(|c| c["what"].as_str())
+        .collect();
+    assert!(
+        failing.iter().any(|w| w.starts_with("sketch[")),
+        "{failing:?}"
+    );
+    for statistic in ["mean", "std", "l2_norm", "min", "max", "nan_count"] {
+        assert!(!failing.contains(&statistic), "{statistic} in {failing:?}");
+    }
+    let clean = run(&["diff", "--json", reference, same]);
+    let value: serde_json::Value = serde_json::from_slice(&clean.stdout).expect("JSON");
+    assert!(value["first_divergence"].is_null());
+
+    // a loose enough tolerance on that stage alone lets it pass
+    let loose = run(&[
+        "diff",
+        "--atol",
+        "layer.1.*:10",
+        "--atol",
+        "layer.2.*:10",
+        reference,
+        reversed,
+    ]);
+    assert_eq!(loose.status.code(), Some(0), "{}", text(&loose));
+}
+
+#[test]
+fn captured_tensors_are_compared_value_by_value() {
+    let dir = scratch("captured");
+    let reference = write_trace(
+        &dir,
+        "reference.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: false,
+        },
+        Some("*"),
+    );
+    let other = write_trace(
+        &dir,
+        "other.ndjson",
+        &Model {
+            scale: 1.0001,
+            reverse: false,
+        },
+        Some("*"),
+    );
+    let (reference, other) = (reference.to_str().unwrap(), other.to_str().unwrap());
+    let strict = run(&["diff", reference, other]);
+    assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
+    let said = text(&strict);
+    assert!(
+        said.contains("first divergence: pass 0, layer 0, attn_out"),
+        "{said}"
+    );
+    assert!(said.contains("value by value"), "{said}");
+    assert!(said.contains("NMSE"), "{said}");
+    let tolerant = run(&["diff", "--rtol", "1e-3", "--atol", "1e-4", reference, other]);
+    assert_eq!(tolerant.status.code(), Some(0), "{}", text(&tolerant));
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_file_and_line() {
+    let dir = scratch("bad");
+    let good = write_trace(
+        &dir,
+        "good.ndjson",
+        &Model {
+            scale: 1.0,
+            reverse: false,
+        },
+        None,
+    );
+    let good = good.to_str().unwrap();
+    let missing = run(&["diff", good, "/nonexistent/trace.ndjson"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing).contains("/nonexistent/trace.ndjson"),
+        "{}",
+        text(&missing)
+    );
+
+    let broken = dir.join("broken.ndjson");
+    let mut lines: Vec<String> = std::fs::read_to_string(good)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines[2] = "{\"event\":\"layer\",\"seq\":\"x\"}".to_owned();
+    std::fs::write(&broken, lines.join("\n") + "\n").unwrap();
+    let malformed = run(&["summary", broken.to_str().unwrap()]);
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(
+        text(&malformed).contains("broken.ndjson:3:"),
+        "{}",
+        text(&malformed)
+    );
+
+    let option = run(&["diff", "--atol", "lots", good, good]);
+    assert_eq!(option.status.code(), Some(2));
+    assert!(text(&option).contains("--atol"), "{}", text(&option));
+    let usage = run(&["diff", good]);
+    assert_eq!(
+        usage.status.code(),
+        Some(2),
+        "clap's usage errors exit 2 too"
+    );
+}
