@@ -52,6 +52,8 @@ struct Args {
     trace: TraceLevel,
     trace_out: Option<String>,
     capture: Option<String>,
+    /// Test-only (not in the usage): a porting bug to inject (`minilm::bugs`).
+    inject_bug: Option<minilm::bugs::Bug>,
 }
 
 /// `Err(String::new())` asks for the usage line alone (`--help`).
@@ -59,6 +61,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut words = Vec::new();
     let mut trace = TraceLevel::DEFAULT;
     let (mut trace_out, mut capture) = (None, None);
+    let mut inject_bug = None;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -95,6 +98,14 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                         .ok_or("--capture needs a pattern")?,
                 );
             }
+            "--inject-bug" => {
+                let name = inline
+                    .or_else(|| args.next())
+                    .ok_or("--inject-bug needs a name")?;
+                inject_bug = Some(
+                    minilm::bugs::Bug::from_name(&name).ok_or(format!("no bug named {name:?}"))?,
+                );
+            }
             "-h" | "--help" => return Err(String::new()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => words.push(arg),
@@ -110,6 +121,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         trace,
         trace_out,
         capture,
+        inject_bug,
     })
 }
 
@@ -141,6 +153,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     print_report(&report)?;
 
+    if let Some(bug) = args.inject_bug {
+        minilm::bugs::inject(bug);
+    }
     let files = weights::locate_or_fetch()?;
     let device = Device::Cpu;
     let model = Model::load(&files, &device)?;
@@ -155,7 +170,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         TraceLevel::Off
     };
     let session = match level.config() {
-        Some(config) => Some(start_session(config, args, &files)?),
+        Some(config) => Some(start_session(config, args, &files, &encoded.ids)?),
         None => None,
     };
     let trace_file = session
@@ -231,12 +246,14 @@ fn start_session(
     config: ModelTracerConfig,
     args: &Args,
     files: &weights::ModelFiles,
+    token_ids: &[u32],
 ) -> Result<Session, model_trace::SessionError> {
     let mut builder = Session::builder(config)
         .from_env()
         .model("all-MiniLM-L6-v2")
         .weights(files.weights.display().to_string())
         .prompt(args.text.clone())
+        .extra("token_ids", format!("{:?}", token_ids))
         .dtype("f32")
         .device("cpu");
     if let Some(capture) = &args.capture {

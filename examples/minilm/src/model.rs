@@ -17,6 +17,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use model_trace::{trace_attention, trace_layer, trace_model, trace_tensor};
 use serde::Deserialize;
 
+use crate::bugs::{self, Bug};
 use crate::weights::ModelFiles;
 
 /// The part of the Hugging Face `config.json` this implementation reads.
@@ -146,7 +147,11 @@ impl SelfAttention {
     pub fn attention_probs(&self, hidden: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let query = self.split_heads(&self.query.forward(hidden)?)?;
         let key = self.split_heads(&self.key.forward(hidden)?)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scale = if bugs::injected(Bug::AttentionScaleOverD) {
+            1.0 / self.head_dim as f64
+        } else {
+            1.0 / (self.head_dim as f64).sqrt()
+        };
         let scores = (query.matmul(&key.t()?)? * scale)?.broadcast_add(bias)?;
         candle_nn::ops::softmax_last_dim(&scores)
     }
@@ -166,6 +171,8 @@ impl SelfAttention {
 /// One post-LayerNorm encoder layer.
 pub struct Layer {
     index: usize,
+    /// The model's last layer.
+    last: bool,
     attention: SelfAttention,
     attention_out: Linear,
     attention_norm: LayerNorm,
@@ -181,6 +188,7 @@ impl Layer {
         let inner = config.intermediate_size;
         Ok(Layer {
             index,
+            last: index + 1 == config.num_hidden_layers,
             attention: SelfAttention::load(config, vb.pp("attention.self"))?,
             attention_out: candle_nn::linear(hidden, hidden, vb.pp("attention.output.dense"))?,
             attention_norm: candle_nn::layer_norm(
@@ -217,10 +225,19 @@ impl Layer {
         trace_tensor!("attn_out", &attn_out);
         let resid_mid = self.attention_norm.forward(&(&attn_out + hidden)?)?;
         trace_tensor!("resid_mid", &resid_mid);
-        let activated = self.intermediate.forward(&resid_mid)?.gelu_erf()?;
+        let intermediate = self.intermediate.forward(&resid_mid)?;
+        let activated = if bugs::injected(Bug::GeluTanh) {
+            intermediate.gelu()?
+        } else {
+            intermediate.gelu_erf()?
+        };
         let mlp_out = self.output.forward(&activated)?;
         trace_tensor!("mlp_out", &mlp_out);
-        self.output_norm.forward(&(mlp_out + &resid_mid)?)
+        let output = self.output_norm.forward(&(mlp_out + &resid_mid)?)?;
+        if bugs::injected(Bug::ReversedTokens) && self.last {
+            return output.flip(&[1]);
+        }
+        Ok(output)
     }
 }
 

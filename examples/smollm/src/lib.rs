@@ -1,6 +1,8 @@
 //! SmolLM2-135M (llama architecture, Q4_1 GGUF) on candle, greedy decoding with a KV cache: the
 //! real model model-trace's annotations are exercised on. See `model` for the annotation sites.
 
+#[doc(hidden)]
+pub mod bugs;
 pub mod error;
 pub mod generate;
 pub mod gguf;

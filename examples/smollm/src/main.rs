@@ -20,6 +20,8 @@ struct Args {
     logit_lens: bool,
     trace_out: Option<String>,
     capture: Option<String>,
+    /// Test-only (not in the usage): a porting bug to inject (`smollm::bugs`).
+    inject_bug: Option<smollm::bugs::Bug>,
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -28,6 +30,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut trace = TraceLevel::DEFAULT;
     let mut logit_lens = false;
     let (mut trace_out, mut capture) = (None, None);
+    let mut inject_bug = None;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -51,6 +54,12 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--logit-lens" => logit_lens = true,
             "--trace-out" => trace_out = Some(value("--trace-out")?),
             "--capture" => capture = Some(value("--capture")?),
+            "--inject-bug" => {
+                let name = value("--inject-bug")?;
+                inject_bug = Some(
+                    smollm::bugs::Bug::from_name(&name).ok_or(format!("no bug named {name:?}"))?,
+                );
+            }
             "-h" | "--help" => return Err(String::new()),
             f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
             _ if prompt.is_some() => return Err("give the prompt as one argument".into()),
@@ -64,6 +73,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         logit_lens,
         trace_out,
         capture,
+        inject_bug,
     })
 }
 
@@ -93,13 +103,19 @@ fn run(args: &Args) -> smollm::Result<()> {
         println!("{tracepoint}");
     }
     let path = weights::locate_or_fetch()?;
+    if let Some(bug) = args.inject_bug {
+        smollm::bugs::inject(bug);
+    }
     let (mut model, tokenizer) = load(&path)?;
+    let prompt_ids = smollm::generate::encode_prompt(&tokenizer, &args.prompt)?;
     model.logit_lens = args.logit_lens;
 
     let level = args.trace.effective();
     let session = match level.config() {
         Some(config) => Some(start_session(
-            Session::builder(config).weights(path.display().to_string()),
+            Session::builder(config)
+                .weights(path.display().to_string())
+                .extra("prompt_ids", format!("{prompt_ids:?}")),
             args,
         )?),
         None => None,

@@ -15,6 +15,7 @@
 //! Built without the `trace` feature the annotations are compiled out.
 //! Everything computes in f32 on the CPU; only the matmul weights stay quantized.
 
+use crate::bugs::{self, Bug};
 use crate::error::{Error, Result as LoadResult};
 use crate::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -215,6 +216,9 @@ impl Rotary {
         let seq_len = x.dim(2)?;
         let cos = self.cos.narrow(0, position, seq_len)?;
         let sin = self.sin.narrow(0, position, seq_len)?;
+        if bugs::injected(Bug::RopeHalfSplit) {
+            return candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin);
+        }
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
     }
 }
@@ -270,8 +274,13 @@ impl KvCache {
             (Some(keys), Some(values)) => (keys, values),
             _ => candle_core::bail!("KV cache buffers missing after growth"),
         };
-        keys.slice_set(&k.contiguous()?, 2, self.len)?;
-        values.slice_set(&v.contiguous()?, 2, self.len)?;
+        let at = if bugs::injected(Bug::KvCacheOffByOne) && new == 1 && self.len > 0 {
+            self.len - 1
+        } else {
+            self.len
+        };
+        keys.slice_set(&k.contiguous()?, 2, at)?;
+        values.slice_set(&v.contiguous()?, 2, at)?;
         self.len = needed;
         Ok((keys.narrow(2, 0, self.len)?, values.narrow(2, 0, self.len)?))
     }
