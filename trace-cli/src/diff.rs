@@ -88,6 +88,7 @@ fn options(args: &DiffArgs) -> Result<CompareOptions, InputError> {
         StatChoice::Elementwise => ErrorStat::Elementwise,
         StatChoice::Mean => ErrorStat::Mean,
         StatChoice::Median => ErrorStat::Median,
+        StatChoice::Norm => ErrorStat::Norm,
         StatChoice::Quantile => {
             if !(0.0..=1.0).contains(&args.error_quantile) {
                 return Err(format!(
@@ -304,11 +305,15 @@ impl<'a> Report<'a> {
         );
         let _ = writeln!(
             out,
-            "{} |b − a| ≤ atol + rtol·|a| with atol {:e}, rtol {:e}{}; captured tensors: {} error decides",
+            "{} atol {:e}, rtol {:e}{}; {} criterion",
             colors.bold("tolerance:"),
             t.default.atol,
             t.default.rtol,
-            if overrides.is_empty() { String::new() } else { format!(" ({})", overrides.join(", ")) },
+            if overrides.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", overrides.join(", "))
+            },
             t.error_stat
         );
         for (label, info) in [("reference", &self.reference), ("other", &self.other)] {

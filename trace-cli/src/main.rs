@@ -68,7 +68,8 @@ struct DiffArgs {
     /// Relative tolerance (times the reference's magnitude), like --atol. Default 1e-5.
     #[arg(long, value_name = "[NAME:]VALUE")]
     rtol: Vec<String>,
-    /// Which statistic of the elementwise errors decides when both tensors were captured.
+    /// Which statistic of the error decides (for captured tensors; summaries are checked
+    /// against the bounds it implies).
     #[arg(long, value_enum, default_value_t = StatChoice::Elementwise)]
     check_error_stat: StatChoice,
     /// The quantile for `--check-error-stat quantile`.
@@ -93,10 +94,17 @@ struct DiffArgs {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum StatChoice {
+    /// Every element within atol + rtol·|a| (the default).
     Elementwise,
+    /// The mean of the elements' error over their allowance.
     Mean,
+    /// Its median.
     Median,
+    /// Its --error-quantile.
     Quantile,
+    /// The whole tensor: ‖b − a‖ ≤ √n·atol + rtol·‖a‖ (RMS error against the reference's RMS,
+    /// as NMSE checks judge quantized ports).
+    Norm,
 }
 
 /// What a command found, for the exit code.

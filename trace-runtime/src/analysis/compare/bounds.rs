@@ -7,8 +7,13 @@
 //! at most `n·atol + rtol·√n·‖a‖`; a sample value `a_i` by at most `atol + rtol·|a_i|`. NaN and
 //! infinity counts must be equal. Rounded statistics (`stats_precision`) widen their bounds by
 //! that fraction of the values.
+//!
+//! Under the `norm` criterion (`‖b − a‖ ≤ τ = √n·atol + rtol·‖a‖`) the mean and std move by at
+//! most `τ/√n`, the L2 norm, min, max and each sample by at most `τ`, each sketch component by
+//! at most `√n·τ` (Cauchy–Schwarz): the same bounds for the mean, std, norm and sketch, looser
+//! ones for single values.
 
-use super::{Check, ErrorMeasure, Tolerance};
+use super::{Check, ErrorMeasure, ErrorStat, Tolerance};
 use crate::summary::{Sketch, TensorSummary};
 
 /// Every check the two summaries allow.
@@ -16,6 +21,7 @@ pub(super) fn checks(
     a: &TensorSummary,
     b: &TensorSummary,
     tol: Tolerance,
+    stat: ErrorStat,
     precision: f64,
 ) -> Vec<Check> {
     let (sa, sb) = (&a.stats, &b.stats);
@@ -49,7 +55,15 @@ pub(super) fn checks(
             allowed: allowed + rounding,
         });
     };
-    let extreme = tol.atol + tol.rtol * magnitude;
+    let norm_bound = root_n * tol.atol + tol.rtol * norm;
+    let single = |value: f64| {
+        if stat == ErrorStat::Norm {
+            norm_bound
+        } else {
+            tol.atol + tol.rtol * value
+        }
+    };
+    let extreme = single(magnitude);
     within("min", sa.min, sb.min, extreme);
     within("max", sa.max, sb.max, extreme);
     within("mean", sa.mean, sb.mean, tol.atol + tol.rtol * rms);
@@ -70,12 +84,7 @@ pub(super) fn checks(
     for (what, xs, ys, _) in samples {
         if xs.len() == ys.len() {
             for (i, (x, y)) in xs.iter().zip(ys.iter()).enumerate() {
-                within(
-                    &format!("{what}[{i}]"),
-                    *x,
-                    *y,
-                    tol.atol + tol.rtol * f64::from(x.abs()),
-                );
+                within(&format!("{what}[{i}]"), *x, *y, single(f64::from(x.abs())));
             }
         }
     }
@@ -151,12 +160,26 @@ mod tests {
                 x + sign * allowed
             })
             .collect();
-        let checks = checks(&summary(&a), &summary(&b), tol, 0.0);
+        let checks = checks(&summary(&a), &summary(&b), tol, ErrorStat::Elementwise, 0.0);
         assert!(
             worst(&checks) <= 1.0,
             "{:?}",
             checks.iter().max_by(|x, y| x.ratio().total_cmp(&y.ratio()))
         );
+    }
+
+    #[test]
+    fn the_norm_criterion_allows_a_few_large_errors_the_elementwise_one_does_not() {
+        let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.1).sin() + 2.0).collect();
+        let mut b = a.clone();
+        b[0] += 0.05; // one sample off by 2.5%, the whole tensor by 0.1% RMS
+        let tol = Tolerance {
+            atol: 0.0,
+            rtol: 0.01,
+        };
+        let (sa, sb) = (summary(&a), summary(&b));
+        assert!(worst(&checks(&sa, &sb, tol, ErrorStat::Elementwise, 0.0)) > 1.0);
+        assert!(worst(&checks(&sa, &sb, tol, ErrorStat::Norm, 0.0)) <= 1.0);
     }
 
     #[test]
@@ -174,7 +197,7 @@ mod tests {
             atol: 1e-5,
             rtol: 1e-5,
         };
-        let checks = checks(&summary(&a), &summary(&b), tol, 0.0);
+        let checks = checks(&summary(&a), &summary(&b), tol, ErrorStat::Elementwise, 0.0);
         let failing: Vec<&str> = checks
             .iter()
             .filter(|c| c.ratio() > 1.0)
@@ -203,7 +226,8 @@ mod tests {
             atol: 1.0,
             rtol: 1.0,
         };
-        assert!(worst(&checks(&a, &b, tol, 0.0)).is_infinite());
-        assert!(worst(&checks(&a, &a.clone(), tol, 0.0)) == 0.0);
+        let elementwise = ErrorStat::Elementwise;
+        assert!(worst(&checks(&a, &b, tol, elementwise, 0.0)).is_infinite());
+        assert!(worst(&checks(&a, &a.clone(), tol, elementwise, 0.0)) == 0.0);
     }
 }

@@ -92,6 +92,17 @@ pub(crate) fn measure(
         ErrorStat::Mean => ratios.iter().sum::<f64>() / ratios.len().max(1) as f64,
         ErrorStat::Median => quantile(&mut ratios, 0.5),
         ErrorStat::Quantile(q) => quantile(&mut ratios, q),
+        #[allow(clippy::cast_precision_loss)]
+        ErrorStat::Norm => {
+            let allowed = (a.len() as f64).sqrt() * atol + rtol * a_sq.sqrt();
+            if diff_sq == 0.0 {
+                0.0
+            } else if allowed > 0.0 {
+                diff_sq.sqrt() / allowed
+            } else {
+                f64::INFINITY
+            }
+        }
     };
     #[allow(clippy::cast_precision_loss)]
     let n = finite.max(1) as f64;

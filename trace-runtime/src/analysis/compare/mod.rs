@@ -36,11 +36,30 @@ pub struct TracedTensor {
     pub layer: usize,
     /// The stage, `attention` or `logits`.
     pub name: String,
+    /// What record it came from.
+    pub kind: TensorKind,
     /// The summary.
     pub tensor: TensorSummary,
 }
 
+/// The record a compared tensor came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorKind {
+    /// A stage of a layer event (`input` and `output` included).
+    Stage,
+    /// The probabilities of an attention event.
+    Attention,
+    /// The logits of a logits event.
+    Logits,
+}
+
 impl TracedTensor {
+    /// Whether it is a stage of a layer (else attention probabilities or logits).
+    pub fn is_stage(&self) -> bool {
+        self.kind == TensorKind::Stage
+    }
+
     /// `layer.{layer}.{name}`.
     pub fn full_name(&self) -> String {
         full_name(self.layer, &self.name)
@@ -79,6 +98,7 @@ impl TraceTensors {
                             pass: layer.pass,
                             layer: layer.layer,
                             name: stage.name.into_owned(),
+                            kind: TensorKind::Stage,
                             tensor: stage.tensor,
                         });
                     }
@@ -88,6 +108,7 @@ impl TraceTensors {
                     pass: attention.pass.unwrap_or(0),
                     layer: attention.layer,
                     name: "attention".to_owned(),
+                    kind: TensorKind::Attention,
                     tensor: attention.probs,
                 }),
                 Event::Logits(logits) => tensors.push(TracedTensor {
@@ -95,6 +116,7 @@ impl TraceTensors {
                     pass: logits.pass,
                     layer: logits.layer,
                     name: "logits".to_owned(),
+                    kind: TensorKind::Logits,
                     tensor: logits.logits,
                 }),
                 _ => {}
@@ -274,12 +296,15 @@ pub fn compare(
     other: &TraceTensors,
     options: &CompareOptions,
 ) -> Comparison {
+    // Names maps rename stages; attention and logits records match as what they are.
     let key = |t: &TracedTensor| {
-        let renamed = options.names.rename(&t.full_name());
-        match split_full_name(&renamed) {
-            Some((layer, name)) => (t.pass, layer, name.to_owned()),
-            None => (t.pass, t.layer, renamed),
+        if t.is_stage() {
+            let renamed = options.names.rename(&t.full_name());
+            if let Some((layer, name)) = split_full_name(&renamed) {
+                return (t.pass, layer, name.to_owned());
+            }
         }
+        (t.pass, t.layer, t.name.clone())
     };
     let mut others: HashMap<(usize, usize, String), &TracedTensor> =
         HashMap::with_capacity(other.tensors.len());
@@ -385,7 +410,7 @@ impl Pair<'_> {
             .0
             .stats_precision
             .max(self.other.0.stats_precision);
-        result.checks = bounds::checks(a, b, self.tolerance, precision);
+        result.checks = bounds::checks(a, b, self.tolerance, self.error_stat, precision);
         result
             .checks
             .sort_by(|x, y| y.ratio().total_cmp(&x.ratio()));

@@ -2,8 +2,9 @@
 //!
 //! A tensor of a trace has the full name `layer.{L}.{name}`: `name` is a stage (`attn_out`,
 //! `input`, a module path such as `self_attn`), `attention` or `logits`. A [`NameMap`] is a
-//! list of rules `FROM = TO` over full names, where `{i}` stands for a layer index on both
-//! sides; a rule renames every tensor it matches, in either trace.
+//! list of rules `FROM = TO` over the full names of stages, where `{i}` stands for a layer
+//! index on both sides; a rule renames every stage it matches, in either trace (attention and
+//! logits records are matched as such, whatever the map says).
 
 use std::fmt;
 
@@ -52,7 +53,7 @@ layer.{i}.mlp.down_proj = layer.{i}.mlp_out
 /// The same for BERT layers.
 const BERT: &str = "
 layer.{i}.attention.output.dense = layer.{i}.attn_out
-layer.{i}.attention = layer.{i}.resid_mid
+layer.{i}.attention:output = layer.{i}.resid_mid
 layer.{i}.attention.output.LayerNorm = layer.{i}.resid_mid
 layer.{i}.output.dense = layer.{i}.mlp_out
 layer.{i}.output.LayerNorm = layer.{i}.output

@@ -30,10 +30,14 @@ impl Default for Tolerance {
     }
 }
 
-/// Which statistic of the elementwise error decides, when both tensors were captured in full
-/// (Polygraphy's `--check-error-stat`). Each element's error is measured against its own
-/// allowance, `r_i = |b_i − a_i| / (atol + rtol·|a_i|)`; the tensors are close when the
-/// statistic of the `r_i` is at most 1.
+/// Which statistic of the error decides (Polygraphy's `--check-error-stat`, plus `norm`).
+///
+/// For the elementwise statistics each element's error is measured against its own allowance,
+/// `r_i = |b_i − a_i| / (atol + rtol·|a_i|)`, and the tensors are close when the statistic of
+/// the `r_i` is at most 1 (captured tensors; summaries are checked against the elementwise
+/// bounds). `Norm` judges the whole tensor at once, as NMSE and L2 criteria do: close when
+/// `‖b − a‖₂ ≤ √n·atol + rtol·‖a‖₂`, i.e. the RMS error is at most `atol` plus `rtol` times
+/// the reference's RMS; summaries are then checked against the bounds that criterion implies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorStat {
@@ -46,6 +50,8 @@ pub enum ErrorStat {
     Median,
     /// Their `q`-quantile.
     Quantile(f64),
+    /// The L2 norm of the error against `√n·atol + rtol·‖a‖₂`.
+    Norm,
 }
 
 impl fmt::Display for ErrorStat {
@@ -55,6 +61,7 @@ impl fmt::Display for ErrorStat {
             Self::Mean => f.write_str("mean"),
             Self::Median => f.write_str("median"),
             Self::Quantile(q) => write!(f, "quantile {q}"),
+            Self::Norm => f.write_str("norm"),
         }
     }
 }
