@@ -1,0 +1,322 @@
+"""Trace a PyTorch model with forward hooks: the reference side of ``model-trace diff``.
+
+    import model_trace.torch
+    with model_trace.torch.trace(model, "ref.ndjson"):
+        model(**inputs)
+
+Every forward call of ``model`` is a pass; each transformer block a layer, with its input, its
+output and the stages of the stage vocabulary (docs/trace-format.md) in between; attention
+probabilities (when the model runs eager attention) and the next-token logits are recorded too.
+Hugging Face transformers' BERT and Llama blocks are known; for other architectures give the
+layer pattern and the stages' submodules (:class:`Architecture`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .writer import TraceWriter, dtype_name
+
+
+@dataclass
+class Architecture:
+    """Where a model's blocks and stages are.
+
+    ``layers``: a regex over ``named_modules()`` paths whose group 1 is the layer index.
+    ``stages``: stage name -> (submodule path relative to the block, ``"output"`` or
+    ``"input"``), in execution order. ``attention``: (submodule, index of the probabilities in its
+    output tuple). ``logits``: the module whose output is the logits (absolute path).
+    """
+
+    name: str
+    layers: str
+    stages: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    attention: Optional[Tuple[str, int]] = None
+    logits: Optional[str] = None
+    layer_class: Optional[str] = None
+
+
+#: Llama blocks (transformers' LlamaDecoderLayer): pre-norm.
+LLAMA = Architecture(
+    name="llama",
+    layers=r"^(?:.*\.)?layers\.(\d+)$",
+    layer_class="LlamaDecoderLayer",
+    stages={
+        "attn_in": ("input_layernorm", "output"),
+        "attn_out": ("self_attn", "output"),
+        "resid_mid": ("post_attention_layernorm", "input"),
+        "mlp_in": ("post_attention_layernorm", "output"),
+        "mlp_out": ("mlp", "output"),
+    },
+    attention=("self_attn", 1),
+    logits="lm_head",
+)
+
+#: BERT encoder layers (transformers' BertLayer): post-norm.
+BERT = Architecture(
+    name="bert",
+    layers=r"^(?:.*\.)?layer\.(\d+)$",
+    layer_class="BertLayer",
+    stages={
+        "attn_out": ("attention.output.dense", "output"),
+        "resid_mid": ("attention", "output"),
+        "mlp_out": ("output.dense", "output"),
+    },
+    attention=("attention.self", 1),
+)
+
+KNOWN = {"llama": LLAMA, "bert": BERT}
+
+
+def detect(model: Any) -> Architecture:
+    """The architecture of a transformers model, from the class of its blocks."""
+    classes = {type(module).__name__ for _, module in model.named_modules()}
+    for architecture in KNOWN.values():
+        if architecture.layer_class in classes:
+            return architecture
+    raise ValueError(
+        "model_trace.torch: unknown architecture (blocks of class "
+        f"{sorted(c for c in classes if 'Layer' in c or 'Block' in c)}); pass architecture=Architecture(...)"
+    )
+
+
+def module_names(architecture: Architecture) -> Architecture:
+    """The same architecture recording each stage under its module's name (``self_attn``,
+    ``post_attention_layernorm:input``) instead of the stage vocabulary: what the ``llama`` and
+    ``bert`` presets of ``model-trace diff --map`` translate back."""
+    stages = {_module_stage(path, which): (path, which) for path, which in architecture.stages.values()}
+    return Architecture(architecture.name, architecture.layers, stages, architecture.attention,
+                        architecture.logits, architecture.layer_class)
+
+
+#: Names a stage cannot have: records of their own (`attention`, `logits`) and the layer's
+#: `input` and `output`.
+RESERVED = ("attention", "logits", "input", "output")
+
+
+def _module_stage(path: str, which: str) -> str:
+    """A module's stage name: its path, `:input` for its input, `:output` where the path alone
+    would be a reserved name (BERT's `attention` module)."""
+    if which == "input":
+        return f"{path}:input"
+    return f"{path}:output" if path in RESERVED else path
+
+
+def to_numpy(value: Any) -> Tuple[np.ndarray, str]:
+    """A tensor's values as float32 on the host, and its dtype's name."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float32).cpu().numpy(), dtype_name(value.dtype)
+    array = np.asarray(value)
+    return array.astype(np.float32), dtype_name(array.dtype)
+
+
+def first_tensor(value: Any) -> Any:
+    """``value``, or its first element if it is a tuple or list (module outputs such as
+    ``(hidden_states, attn_weights)``)."""
+    if isinstance(value, (tuple, list)):
+        return value[0] if value else None
+    return value
+
+
+class CaptureFilter:
+    """The Rust capture filter's syntax: ``[kind:]glob`` patterns and ``pass=``/``layer=`` ranges."""
+
+    def __init__(self, text: Optional[str]):
+        self.text = text or ""
+        self.patterns: List[Tuple[Optional[str], str]] = []
+        self.ranges: Dict[str, Tuple[int, int]] = {}
+        for item in (part.strip() for part in self.text.split(",")):
+            if not item:
+                continue
+            if item.startswith(("pass=", "layer=")):
+                key, value = item.split("=", 1)
+                self.ranges[key] = _range(value)
+            elif ":" in item and "::" not in item:
+                kind, glob = item.split(":", 1)
+                self.patterns.append((kind, glob))
+            else:
+                self.patterns.append((None, item))
+        if not self.patterns and self.ranges:
+            self.patterns.append((None, "*"))
+
+    def captures(self, kind: str, name: str, pass_index: Optional[int], layer: Optional[int]) -> bool:
+        if not self.patterns:
+            return False
+        for key, index in (("pass", pass_index), ("layer", layer)):
+            if key in self.ranges:
+                low, high = self.ranges[key]
+                if index is None or not low <= index <= high:
+                    return False
+        return any((k is None or k == kind) and fnmatch.fnmatchcase(name, glob) for k, glob in self.patterns)
+
+
+def _range(text: str) -> Tuple[int, int]:
+    if ".." not in text:
+        return int(text), int(text)
+    low, high = text.split("..", 1)
+    start = int(low) if low.strip() else 0
+    if high.startswith("="):
+        return start, int(high[1:])
+    return start, (int(high) - 1 if high.strip() else 1 << 62)
+
+
+@contextlib.contextmanager
+def trace(
+    model: Any,
+    path: str,
+    *,
+    architecture: Optional[Architecture] = None,
+    names: str = "stages",
+    capture: Optional[str] = None,
+    metadata: Optional[Dict[str, Any]] = None,
+    digest: bool = True,
+    record_attention: bool = True,
+    record_logits: bool = True,
+) -> Iterator[TraceWriter]:
+    """Records every forward call of ``model`` inside the ``with`` block into the trace file at
+    ``path`` (replaced if it exists).
+
+    ``architecture``: detected from transformers' block classes (BERT, Llama) when not given.
+    ``names``: ``"stages"`` records the stage vocabulary (``attn_out``, ...); ``"modules"``
+    records the modules' own names, for ``model-trace diff --map llama|bert``. ``capture``: the
+    Rust capture filter's syntax (``"*"``, ``"layer:*,pass=0"``): full tensors saved beside the
+    trace. Attention probabilities need ``attn_implementation="eager"``; with another
+    implementation the model returns none and none is recorded.
+    """
+    architecture = architecture or detect(model)
+    if names == "modules":
+        architecture = module_names(architecture)
+    elif names != "stages":
+        raise ValueError(f"names must be 'stages' or 'modules', not {names!r}")
+    captures = CaptureFilter(capture)
+    layers = [(int(m.group(1)), name, module) for name, module in model.named_modules()
+              if (m := re.match(architecture.layers, name))
+              and (architecture.layer_class is None or type(module).__name__ == architecture.layer_class)]
+    if not layers:
+        raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers!r}")
+    final_layer = max(index for index, _, _ in layers) + 1
+    tracepoints = [{"kind": "model", "name": "forward", "function": type(model).__name__, "file": "", "line": 0}]
+    tracepoints += [{"kind": "layer", "name": type(layers[0][2]).__name__, "function": name, "file": "", "line": 0}
+                    for _, name, _ in layers[:1]]
+    tracepoints += [{"kind": "tensor", "name": stage, "function": path, "file": "", "line": 0}
+                    for stage, (path, _) in architecture.stages.items()]
+    config = {
+        "trace_activations": True,
+        "trace_attention": record_attention and architecture.attention is not None,
+        "trace_logits": record_logits and architecture.logits is not None,
+        "trace_quant_error": False,
+        "trace_kv_cache": False,
+        "digests": "always" if digest else "off",
+    }
+    meta = {"extra": {"architecture": architecture.name, "names": names}}
+    meta.update(metadata or {})
+    writer = TraceWriter(path, config=config, metadata=meta, tracepoints=tracepoints, capture=capture, digest=digest)
+    handles: List[Any] = []
+
+    def wants(kind: str, name: str, layer: Optional[int]) -> bool:
+        return captures.captures(kind, name, writer.pass_index, layer)
+
+    def top_pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        writer.begin_pass(position=_position(args, kwargs), function=type(model).__name__)
+
+    def top_post(*_: Any) -> None:
+        writer.end_pass()
+
+    handles.append(model.register_forward_pre_hook(top_pre, with_kwargs=True))
+    handles.append(model.register_forward_hook(top_post))
+    layer_name = type(layers[0][2]).__name__
+    for index, path_, block in layers:
+        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention)
+    if record_logits and architecture.logits:
+        head = dict(model.named_modules()).get(architecture.logits)
+        if head is not None:
+            def on_logits(_module: Any, _args: Any, output: Any) -> None:
+                values, dtype = to_numpy(first_tensor(output))
+                if values.ndim == 3:
+                    values = values[:, -1, :]  # the next-token logits, as the Rust examples record them
+                writer.logits(values, final_layer, architecture.logits, architecture.logits,
+                              wants("logits", architecture.logits, final_layer), dtype=dtype)
+
+            handles.append(head.register_forward_hook(on_logits))
+    try:
+        yield writer
+    finally:
+        for handle in handles:
+            handle.remove()
+        writer.close()
+
+
+def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
+    """The position of a pass's first token: ``cache_position[0]``, else the cache's length."""
+    cache_position = kwargs.get("cache_position")
+    if cache_position is not None:
+        return int(cache_position.reshape(-1)[0])
+    past = kwargs.get("past_key_values")
+    if past is not None and hasattr(past, "get_seq_length"):
+        return int(past.get_seq_length())
+    return 0
+
+
+def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_name: str,
+                architecture: Architecture, wants: Any, record_attention: bool) -> List[Any]:
+    handles = []
+    modules = dict(block.named_modules())
+
+    def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        writer.begin_layer(index, layer_name, path)
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is not None:
+            values, dtype = to_numpy(hidden)
+            writer.stage("input", values, wants("layer", layer_name, index), dtype)
+
+    def post(_module: Any, _args: Any, output: Any) -> None:
+        values, dtype = to_numpy(first_tensor(output))
+        writer.stage("output", values, wants("layer", layer_name, index), dtype)
+        writer.end_layer()
+
+    handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+    # The probabilities before the stages: a hook on the same module (Llama's self_attn gives
+    # both) must record them first, as they were computed first.
+    if record_attention and architecture.attention is not None:
+        sub, position = architecture.attention
+        module = modules.get(sub)
+        if module is not None:
+            def on_attention(_module: Any, _args: Any, output: Any) -> None:
+                probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
+                if probs is not None:
+                    values, dtype = to_numpy(probs)
+                    writer.attention(values, index, sub, f"{path}.{sub}", wants("attention", sub, index), dtype=dtype)
+
+            handles.append(module.register_forward_hook(on_attention))
+    for stage, (sub, which) in architecture.stages.items():
+        module = modules.get(sub)
+        if module is None:
+            raise ValueError(f"model_trace.torch: {path} has no submodule {sub!r} (stage {stage!r})")
+        handles.append(_stage_hook(writer, module, stage, which, index, wants))
+    handles.append(block.register_forward_hook(post))
+    return handles
+
+
+def _stage_hook(writer: TraceWriter, module: Any, stage: str, which: str, index: int, wants: Any) -> Any:
+    if which == "input":
+        def on_input(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if hidden is not None:
+                values, dtype = to_numpy(hidden)
+                writer.stage(stage, values, wants("tensor", stage, index), dtype)
+
+        return module.register_forward_pre_hook(on_input, with_kwargs=True)
+
+    def on_output(_module: Any, _args: Any, output: Any) -> None:
+        values, dtype = to_numpy(first_tensor(output))
+        writer.stage(stage, values, wants("tensor", stage, index), dtype)
+
+    return module.register_forward_hook(on_output)
