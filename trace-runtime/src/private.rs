@@ -5,6 +5,7 @@
 //! active, so calling a hook when no session records costs one thread-local load.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 pub use crate::__model_trace_probe as probe;
 pub use crate::record::QuantType;
@@ -26,12 +27,16 @@ use crate::summary::{summarize, TensorSummary, ValuesReader};
 /// One per tracepoint, generated as a `static`.
 pub struct Callsite {
     tracepoint: Tracepoint,
+    /// An inline macro's tracepoint with its function filled in from the [`FunctionSpan`]s,
+    /// on first use (an inline macro cannot see the function it is in).
+    resolved: OnceLock<Tracepoint>,
     /// `generation << 32 | decision bits` of the last session that asked; generation 0 never
     /// belongs to a session, so the zero initial value is "unknown".
     decision: AtomicU64,
 }
 
 impl Callsite {
+    /// `function` is empty for an inline macro: [`Callsite::tracepoint`] finds it.
     pub const fn new(
         kind: TracepointKind,
         name: &'static str,
@@ -49,13 +54,21 @@ impl Callsite {
                 file,
                 line,
             },
+            resolved: OnceLock::new(),
             decision: AtomicU64::new(0),
         }
     }
 
-    /// The tracepoint this callsite stands for.
+    /// The tracepoint this callsite stands for. An inline macro's function is the innermost
+    /// annotated function around its line, looked up once; `is_active` never needs it.
     pub fn tracepoint(&'static self) -> &'static Tracepoint {
-        &self.tracepoint
+        if !self.tracepoint.function.is_empty() {
+            return &self.tracepoint;
+        }
+        self.resolved.get_or_init(|| Tracepoint {
+            function: FunctionSpan::enclosing(&self.tracepoint).map_or("", |span| span.name),
+            ..self.tracepoint.clone()
+        })
     }
 
     /// False unless a session is active on this thread, its config records this kind and its
@@ -109,6 +122,151 @@ impl Callsite {
 
 /// What `inventory` collects: one per tracepoint.
 pub struct Registered(pub &'static Callsite);
+
+/// The lines of an annotated function, registered by its attribute so that the inline macros
+/// inside it can name it.
+pub struct FunctionSpan {
+    name: &'static str,
+    module_path: &'static str,
+    file: &'static str,
+    first_line: u32,
+    last_line: u32,
+}
+
+impl FunctionSpan {
+    /// From `fn` (`first_line`) to the last identifier of the body (`last_line`).
+    pub const fn new(
+        name: &'static str,
+        module_path: &'static str,
+        file: &'static str,
+        first_line: u32,
+        last_line: u32,
+    ) -> Self {
+        Self {
+            name,
+            module_path,
+            file,
+            first_line,
+            last_line,
+        }
+    }
+
+    /// The innermost registered function holding `tracepoint`'s line in its module and file.
+    fn enclosing(tracepoint: &Tracepoint) -> Option<&'static FunctionSpan> {
+        inventory::iter::<FunctionSpan>
+            .into_iter()
+            .filter(|span| {
+                span.module_path == tracepoint.module_path
+                    && span.file == tracepoint.file
+                    && (span.first_line..=span.last_line).contains(&tracepoint.line)
+            })
+            .min_by_key(|span| {
+                (
+                    span.last_line - span.first_line,
+                    std::cmp::Reverse(span.first_line),
+                )
+            })
+    }
+}
+
+inventory::collect!(FunctionSpan);
+
+// ---------------------------------------------------------------------------------------------
+// Arguments: one trait per argument that takes a number, so that a value of the wrong type is
+// reported with the argument's name and what it takes. The conversions are `as` casts, as
+// documented on the macros: an index never exceeds `usize`, a hit rate needs no `f64` digits.
+// ---------------------------------------------------------------------------------------------
+
+/// Declares an argument's trait and implements it for every integer type.
+macro_rules! integer_argument {
+    ($(#[$doc:meta])* $name:ident, $message:literal) => {
+        $(#[$doc])*
+        #[diagnostic::on_unimplemented(message = $message, label = "expected an integer")]
+        pub trait $name {
+            /// The value as the runtime takes it.
+            fn convert(self) -> usize;
+        }
+
+        integer_argument!(@impls $name: u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize);
+    };
+    (@impls $name:ident: $($source:ty)*) => {
+        $(impl $name for $source {
+            #[inline]
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_possible_wrap,
+                clippy::unnecessary_cast,
+                trivial_numeric_casts
+            )]
+            fn convert(self) -> usize {
+                self as usize
+            }
+        })*
+    };
+}
+
+integer_argument!(
+    /// `position = EXPR` of `#[trace_model]`.
+    PositionArg,
+    "`position` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `index = EXPR` of `#[trace_layer]`.
+    IndexArg,
+    "`index` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `layer = EXPR` of `#[trace_attention]`, `#[trace_logits]`, `#[trace_kv_cache]` and
+    /// the inline macros.
+    LayerArg,
+    "`layer` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `len = EXPR` of `#[trace_kv_cache]`.
+    LenArg,
+    "`len` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `capacity = EXPR` of `#[trace_kv_cache]`.
+    CapacityArg,
+    "`capacity` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `bytes = EXPR` of `#[trace_kv_cache]`.
+    BytesArg,
+    "`bytes` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// `evictions = EXPR` of `#[trace_kv_cache]`.
+    EvictionsArg,
+    "`evictions` takes an integer (any integer type), not `{Self}`"
+);
+
+/// `hit_rate = EXPR` of `#[trace_kv_cache]`.
+#[diagnostic::on_unimplemented(
+    message = "`hit_rate` takes an `f32` or `f64`, not `{Self}`",
+    label = "expected an `f32` or `f64`"
+)]
+pub trait HitRateArg {
+    /// The value as the runtime takes it.
+    fn convert(self) -> f32;
+}
+
+impl HitRateArg for f32 {
+    #[inline]
+    fn convert(self) -> f32 {
+        self
+    }
+}
+
+impl HitRateArg for f64 {
+    #[inline]
+    #[allow(clippy::cast_possible_truncation)]
+    fn convert(self) -> f32 {
+        self as f32
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // probe!: any value -> Option<&dyn TraceTensor>, by autoref specialization.
