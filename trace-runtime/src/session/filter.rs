@@ -8,16 +8,24 @@ use crate::registry::{Tracepoint, TracepointKind};
 /// A list of patterns that selects tracepoints.
 ///
 /// Syntax: patterns separated by commas, surrounding whitespace ignored, empty entries skipped.
-/// Each pattern is `[-][kind:]glob`:
+/// Each pattern is `[-][kind:]glob[@file[:line]]`:
 /// * `kind` is one of `model`, `layer`, `attention`, `logits`, `kv_cache`, `quant`, `tensor`
 ///   (the [`TracepointKind`] names); without it any kind matches.
 /// * `glob` matches the tracepoint's name, or, when it contains `::`, the path
 ///   `module_path::function`. `*` matches any run of characters, `?` one character.
+/// * `@file` keeps the tracepoints of one source file: `file` is compared with the end of the
+///   tracepoint's path, whole components only (`model.rs` and `src/model.rs` match
+///   `src/model.rs`, `del.rs` does not); `@file:line` keeps the tracepoint at that line, the
+///   line [`Tracepoint`]'s listing shows.
 /// * A leading `-` excludes what the pattern matches.
 ///
 /// A tracepoint is admitted when it matches no exclusion and, if there is any inclusion, at
 /// least one inclusion. The empty filter admits everything. Examples: `layer:*`, `forward`,
-/// `*attn*`, `smollm::model::*`, `*,-tensor:*`.
+/// `*attn*`, `smollm::model::*`, `*,-tensor:*`, `layer:forward@model.rs:210`.
+///
+/// Two tracepoints can share a kind and a name (two `forward` methods of one module annotated
+/// with `#[trace_layer]`, say): `@file:line` tells them apart, and
+/// [`Tracepoint::selector`] gives the shortest pattern that selects exactly one tracepoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TraceFilter {
     source: String,
@@ -29,6 +37,15 @@ struct Pattern {
     exclude: bool,
     kind: Option<TracepointKind>,
     glob: String,
+    location: Option<Location>,
+}
+
+/// `@file[:line]` of a pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    /// With `/` as the separator, as the tracepoint's file is compared.
+    file: String,
+    line: Option<u32>,
 }
 
 /// A filter string that does not parse; says which pattern and why.
@@ -104,7 +121,7 @@ impl TraceFilter {
         for pattern in &self.patterns {
             let same_kind = pattern.kind.is_none_or(|k| k == kind);
             if pattern.exclude {
-                if pattern.kind == Some(kind) && pattern.glob == "*" {
+                if pattern.kind == Some(kind) && pattern.glob == "*" && pattern.location.is_none() {
                     return false;
                 }
             } else {
@@ -138,6 +155,11 @@ impl Pattern {
             Some(rest) => (true, rest.trim_start()),
             None => (false, text),
         };
+        let (rest, location) = match rest.split_once('@') {
+            Some((rest, location)) => (rest.trim_end(), Some(Location::parse(location.trim()))),
+            None => (rest, None),
+        };
+        let location = location.transpose().map_err(|reason| error(&reason))?;
         let (kind, glob) = split_kind(rest).map_err(|reason| error(&reason))?;
         if glob.is_empty() {
             return Err(error("the glob after the kind is empty (use `*` for all)"));
@@ -154,12 +176,18 @@ impl Pattern {
             exclude,
             kind,
             glob: glob.to_owned(),
+            location,
         })
     }
 
     fn matches(&self, tracepoint: &Tracepoint) -> bool {
         if self.kind.is_some_and(|kind| kind != tracepoint.kind) {
             return false;
+        }
+        if let Some(location) = &self.location {
+            if !location.matches(tracepoint) {
+                return false;
+            }
         }
         if self.glob.contains("::") {
             if tracepoint.function.is_empty() {
@@ -170,6 +198,38 @@ impl Pattern {
         } else {
             glob_match(&self.glob, tracepoint.name)
         }
+    }
+}
+
+impl Location {
+    /// `file` or `file:line`.
+    fn parse(text: &str) -> Result<Self, String> {
+        let (file, line) = match text.rsplit_once(':') {
+            Some((file, line)) => {
+                let line = line
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("`{line}` after `{file}:` is not a line number"))?;
+                (file.trim(), Some(line))
+            }
+            None => (text, None),
+        };
+        if file.is_empty() {
+            return Err("the file after `@` is empty".to_owned());
+        }
+        Ok(Self {
+            file: file.replace('\\', "/"),
+            line,
+        })
+    }
+
+    fn matches(&self, tracepoint: &Tracepoint) -> bool {
+        if self.line.is_some_and(|line| line != tracepoint.line) {
+            return false;
+        }
+        let path = tracepoint.file.replace('\\', "/");
+        path.strip_suffix(self.file.as_str())
+            .is_some_and(|before| before.is_empty() || before.ends_with('/'))
     }
 }
 
@@ -281,8 +341,43 @@ mod tests {
     }
 
     #[test]
+    fn locations_select_by_file_suffix_and_line() {
+        let at = |file: &'static str, line: u32| Tracepoint {
+            file,
+            line,
+            ..tp(TracepointKind::Layer, "forward")
+        };
+        let filter = TraceFilter::parse("forward@model.rs:440").unwrap();
+        assert!(filter.admits(&at("src/model.rs", 440)));
+        assert!(filter.admits(&at("model.rs", 440)));
+        assert!(!filter.admits(&at("src/model.rs", 441)));
+        assert!(!filter.admits(&at("src/bigmodel.rs", 440)));
+
+        let filter = TraceFilter::parse("layer:*@src/model.rs").unwrap();
+        assert!(filter.admits(&at("examples/smollm/src/model.rs", 3)));
+        assert!(!filter.admits(&at("examples/smollm/src/block.rs", 3)));
+        assert!(TraceFilter::parse(r"*@src\model.rs")
+            .unwrap()
+            .admits(&at(r"examples\smollm\src\model.rs", 3)));
+
+        let filter = TraceFilter::parse("*,-layer:*@model.rs:440").unwrap();
+        assert!(!filter.admits(&at("src/model.rs", 440)));
+        assert!(filter.admits(&at("src/model.rs", 12)));
+        assert!(filter.may_admit_kind(TracepointKind::Layer));
+    }
+
+    #[test]
     fn invalid_patterns_are_errors() {
-        for bad in ["layers:*", "layer:", "[ab]", "a b", "kv-cache:x"] {
+        for bad in [
+            "layers:*",
+            "layer:",
+            "[ab]",
+            "a b",
+            "kv-cache:x",
+            "forward@",
+            "forward@model.rs:x",
+            "forward@:12",
+        ] {
             let error = TraceFilter::parse(bad).unwrap_err();
             assert!(
                 error.to_string().contains("invalid trace filter"),
