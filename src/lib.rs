@@ -27,11 +27,19 @@
 //! trace = ["model-trace/enabled"]
 //! ```
 //!
-//! Without `enabled`, every attribute returns the function it was given, token for token, and
-//! the inline macros expand to code that never runs: the program is the same as one without
-//! the annotations. The arguments are still checked, so a mistake is a compile error in both
-//! builds. The session and registry API exists either way, so `main` compiles either way; a
-//! session then records nothing and [`tracepoints()`] is empty.
+//! Without `enabled`, every attribute returns the function it was given, and the inline macros
+//! expand to code that never runs: the program is the same as one without the annotations. An
+//! attribute with expressions among its arguments adds one statement in front of the body, a
+//! closure that is never called and holds those expressions, converted as the traced build
+//! converts them. So the arguments are checked alike in both builds (a misspelt variable or a
+//! `position` that is not an integer is a compile error either way), and what only they use
+//! (`capacity = self.max_len`, `bytes = self.bytes()`) counts as used, with no `dead_code` or
+//! `unused_variables` warning, while no code is generated for them. The session and registry
+//! API exists either way, so `main` compiles either way; a session then records nothing and
+//! [`tracepoints()`] is empty.
+//!
+//! A function whose body does not parse yet (a missing `;` while editing) is handed back to the
+//! compiler as it is, so the compiler's error is the only one.
 //!
 //! # A model, annotated
 //!
@@ -133,12 +141,27 @@
 //! at startup:
 //!
 //! ```text
-//! layer      forward  (my_model::forward at src/model.rs:12)
+//! model      model:forward  (my_model::model::forward at src/model.rs:40)
+//! layer      layer:forward@model.rs:12  (my_model::model::forward at src/model.rs:12)
+//! layer      layer:forward@model.rs:25  (my_model::model::forward at src/model.rs:25)
+//! tensor     attn_in  (my_model::model::forward at src/model.rs:15)
 //! ```
 //!
 //! A session can be limited to some of them: [`Session::with_filter`] takes patterns such as
 //! `layer:*` or `attention:*` or a name, and [`Session::start`] reads the same patterns from the
-//! `MODEL_TRACE` environment variable.
+//! `MODEL_TRACE` environment variable (the syntax is [`TraceFilter`]'s).
+//!
+//! An attribute cannot see the type of its `impl` block, so `Model::forward` and
+//! `Block::forward` are both the function `forward` of their module. The second column of the
+//! listing is what tells tracepoints apart: the [selector](Tracepoint::selector), the shortest
+//! pattern that selects that tracepoint alone, which is its name when no other tracepoint has
+//! it, else `kind:name`, else `kind:name@file:line`. Copy it into `MODEL_TRACE`, or give the
+//! annotation a name of its own (`#[trace_layer(name = "mlp")]`).
+//!
+//! An inline macro cannot see its function either: its tracepoint's `function` is the innermost
+//! annotated function whose lines (from `fn` to the last identifier of its body) hold the macro,
+//! closures included, and is empty for a macro outside any annotated function. (A function
+//! without an annotation nested inside an annotated one is not told apart from it.)
 //!
 //! # Which functions can be annotated
 //!
@@ -159,9 +182,6 @@
 //! - `const fn`: recording happens at run time.
 //!
 //! Limits worth knowing:
-//! - A parameter that only an argument uses (`#[trace_model(position = pos)]` with `pos`
-//!   unused in the body) is an unused variable when tracing is compiled out, because the
-//!   function is then returned unchanged.
 //! - Parameters named `_x` and parameters bound by a pattern (`(a, b): (f32, f32)`) are not
 //!   looked at for the input.
 //! - A `return` written inside a macro's arguments (`my_macro!(return x)`) leaves without
@@ -251,8 +271,8 @@ pub use trace_macros::trace_layer;
 /// [`AttentionTraceConfig`]).
 ///
 /// Arguments, all optional:
-/// - `layer = EXPR`: the layer index, evaluated after the body; by default the enclosing
-///   [`trace_layer`] call.
+/// - `layer = EXPR`: the layer index (any integer type), evaluated after the body; by default
+///   the enclosing [`trace_layer`] call.
 /// - `name = "..."`: the tracepoint's name; by default the function's name.
 ///
 /// A function that returns nothing is a compile error.
@@ -283,8 +303,8 @@ pub use trace_macros::trace_attention;
 /// prediction was decided shows up across layers.
 ///
 /// Arguments, all optional:
-/// - `layer = EXPR`: the layer the logits belong to, evaluated after the body; by default the
-///   enclosing [`trace_layer`] call, or the final layer outside any.
+/// - `layer = EXPR`: the layer the logits belong to (any integer type), evaluated after the
+///   body; by default the enclosing [`trace_layer`] call, or the final layer outside any.
 /// - `name = "..."`: the tracepoint's name; by default the function's name.
 ///
 /// A function that returns nothing is a compile error.
@@ -313,8 +333,10 @@ pub use trace_macros::trace_logits;
 /// arguments in scope.
 ///
 /// Arguments, all optional, each an expression: `len` (valid positions), `capacity`, `bytes`,
-/// `evictions` (during this call), cast with `as usize`, and `hit_rate` in `[0, 1]`, cast with
-/// `as f32`; `name = "..."` names the tracepoint.
+/// `evictions` (during this call), of any integer type (converted to `usize` as `as` does),
+/// `layer` (any integer type; by default the enclosing [`trace_layer`] call), and `hit_rate` in
+/// `[0, 1]`, an `f32` or `f64`; `name = "..."` names the tracepoint. A value of another type is
+/// a compile error naming the argument.
 ///
 /// ```
 /// use model_trace::{trace_kv_cache, ModelTracerConfig, Session};
@@ -400,7 +422,7 @@ pub use trace_macros::trace_quant;
 /// The names of [`Stage`] have a fixed meaning that every trace shares (`attn_in`, `attn_out`,
 /// `resid_mid`, `mlp_in`, `mlp_out`); any other name is the user's own. Stages are kept by name
 /// in [`LayerActivationTrace::stages`], in recording order; `input` and `output` belong to the
-/// layer itself and are refused. The stage must be a string literal.
+/// layer itself and are a compile error. The stage must be a string literal.
 /// Compiled out, the macro only borrows the value in code that never runs, so the value is
 /// still used and nothing is computed.
 ///
@@ -472,3 +494,7 @@ pub use trace_macros::trace_attention_value;
 /// }
 /// ```
 pub use trace_macros::trace_logits_value;
+
+// The lists the macro crate keeps of runtime names, for `tests/macro_lists.rs`.
+#[doc(hidden)]
+pub use trace_macros::{__quant_types, __reserved_stages, __tracepoint_kinds};

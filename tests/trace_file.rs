@@ -5,9 +5,6 @@
 //! Nothing here reads the caller's environment except the one test of `MODEL_TRACE_OUT`, which
 //! sets it and removes it again.
 
-// Compiled out, the macros drop the arguments that are a parameter's only use.
-#![cfg_attr(not(feature = "enabled"), allow(dead_code, unused_variables))]
-
 use model_trace::{
     trace_attention, trace_kv_cache, trace_layer, trace_logits, trace_model, trace_quant,
     trace_tensor, ModelTracerConfig, Session,

@@ -3,11 +3,19 @@
 //!
 //! trybuild builds the cases with the features of this test run, so run it twice:
 //! `cargo test --test ui` and `cargo test --test ui --features enabled`. The expected stderr
-//! is the same for both, because the macros validate before they decide what to emit.
+//! of `tests/ui/fail` is the same for both, because the macros validate before they decide
+//! what to emit, and both builds convert the arguments alike. A mistake inside a function body
+//! is the compiler's own error, whose notes tell the two expansions apart: those cases keep one
+//! snapshot per build, in `tests/ui/fail-untraced` and `tests/ui/fail-traced`.
 
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/fail/*.rs");
+    if cfg!(feature = "enabled") {
+        t.compile_fail("tests/ui/fail-traced/*.rs");
+    } else {
+        t.compile_fail("tests/ui/fail-untraced/*.rs");
+    }
 }

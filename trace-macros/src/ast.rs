@@ -1,16 +1,58 @@
-//! Step 2: the annotated function as the expansion sees it: which parameters can be probed,
-//! what the function returns, and which macro was applied.
+//! Step 2: the annotated function as the expansion sees it: its parts, which parameters can be
+//! probed, what it returns, and which macro was applied.
+//!
+//! The body is read last and may fail to parse while the user is still typing it: then the
+//! item goes back to the compiler untouched, so that its own error is the only one.
 
-use crate::attr::{Args, Key};
-use proc_macro2::{Span, TokenStream};
+use crate::attr::FnArgs;
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use syn::ext::IdentExt as _;
 use syn::parse::{ParseStream, Parser as _};
 use syn::visit::Visit;
-use syn::{Attribute, FnArg, Ident, Item, ItemFn, Pat, ReturnType, Token, Type, Visibility};
+use syn::{
+    token, Attribute, Block, FnArg, Ident, Pat, ReturnType, Signature, Stmt, Token, Type,
+    Visibility,
+};
 
-/// One of the nine macros: it decides the allowed keys and the tracepoint kind.
+/// Declares an enum of unit variants with `ALL`, every variant in order.
+macro_rules! listed {
+    ($(#[$doc:meta])* $vis:vis enum $name:ident { $($variant:ident,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        $vis enum $name {
+            $($variant,)*
+        }
+
+        impl $name {
+            $vis const ALL: &'static [$name] = &[$($name::$variant,)*];
+        }
+    };
+}
+
+listed! {
+    /// One of the six attribute macros.
+    pub(crate) enum Macro {
+        Model,
+        Layer,
+        Attention,
+        Logits,
+        KvCache,
+        Quant,
+    }
+}
+
+listed! {
+    /// One of the three function-like macros.
+    pub(crate) enum InlineMacro {
+        Tensor,
+        AttentionValue,
+        LogitsValue,
+    }
+}
+
+/// The `TracepointKind` variant a callsite registers as.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Macro {
+pub(crate) enum Kind {
     Model,
     Layer,
     Attention,
@@ -18,8 +60,37 @@ pub(crate) enum Macro {
     KvCache,
     Quant,
     Tensor,
-    AttentionValue,
-    LogitsValue,
+}
+
+impl Kind {
+    /// The variant's name in the runtime.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Model => "Model",
+            Kind::Layer => "Layer",
+            Kind::Attention => "Attention",
+            Kind::Logits => "Logits",
+            Kind::KvCache => "KvCache",
+            Kind::Quant => "Quant",
+            Kind::Tensor => "Tensor",
+        }
+    }
+
+    pub(crate) fn ident(self) -> Ident {
+        Ident::new(self.name(), Span::call_site())
+    }
+
+    /// Every kind that some macro registers, in the order of the macros.
+    pub(crate) fn registered() -> Vec<Kind> {
+        let mut kinds: Vec<Kind> = Vec::new();
+        let all = Macro::ALL.iter().map(|mac| mac.kind());
+        for kind in all.chain(InlineMacro::ALL.iter().map(|mac| mac.kind())) {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        kinds
+    }
 }
 
 impl Macro {
@@ -32,45 +103,162 @@ impl Macro {
             Macro::Logits => "#[trace_logits]",
             Macro::KvCache => "#[trace_kv_cache]",
             Macro::Quant => "#[trace_quant]",
-            Macro::Tensor => "trace_tensor!",
-            Macro::AttentionValue => "trace_attention_value!",
-            Macro::LogitsValue => "trace_logits_value!",
         }
     }
 
-    pub(crate) fn keys(self) -> &'static [Key] {
+    pub(crate) fn kind(self) -> Kind {
         match self {
-            Macro::Model => &[Key::Position, Key::Name],
-            Macro::Layer => &[Key::Index, Key::Input, Key::Name],
-            Macro::Attention | Macro::Logits | Macro::AttentionValue | Macro::LogitsValue => {
-                &[Key::Layer, Key::Name]
-            }
-            Macro::KvCache => &[
-                Key::Layer,
-                Key::Len,
-                Key::Capacity,
-                Key::Bytes,
-                Key::Evictions,
-                Key::HitRate,
-                Key::Name,
-            ],
-            Macro::Quant => &[Key::Reference, Key::Quant, Key::Name],
-            Macro::Tensor => &[],
+            Macro::Model => Kind::Model,
+            Macro::Layer => Kind::Layer,
+            Macro::Attention => Kind::Attention,
+            Macro::Logits => Kind::Logits,
+            Macro::KvCache => Kind::KvCache,
+            Macro::Quant => Kind::Quant,
+        }
+    }
+}
+
+impl InlineMacro {
+    /// How the user wrote it, for error messages.
+    pub(crate) fn display(self) -> &'static str {
+        match self {
+            InlineMacro::Tensor => "trace_tensor!",
+            InlineMacro::AttentionValue => "trace_attention_value!",
+            InlineMacro::LogitsValue => "trace_logits_value!",
         }
     }
 
-    /// The `TracepointKind` variant the callsite registers as.
-    pub(crate) fn tracepoint_kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> Kind {
         match self {
-            Macro::Model => "Model",
-            Macro::Layer => "Layer",
-            Macro::Attention | Macro::AttentionValue => "Attention",
-            Macro::Logits | Macro::LogitsValue => "Logits",
-            Macro::KvCache => "KvCache",
-            Macro::Quant => "Quant",
-            Macro::Tensor => "Tensor",
+            InlineMacro::Tensor => Kind::Tensor,
+            InlineMacro::AttentionValue => Kind::Attention,
+            InlineMacro::LogitsValue => Kind::Logits,
         }
     }
+}
+
+/// The annotated item, as far as it parses.
+pub(crate) enum MaybeFn {
+    Parsed(Box<FnParts>),
+    /// A function the compiler will reject (a syntax error in its signature or body).
+    Unparsed,
+}
+
+/// A function with a body that parses.
+pub(crate) struct FnParts {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    pub(crate) inner_attrs: Vec<Attribute>,
+    /// The statements as the user wrote them, token for token.
+    pub(crate) stmts_tokens: TokenStream,
+    /// The same statements, parsed, in their braces.
+    pub(crate) block: Block,
+}
+
+impl FnParts {
+    /// The closing brace of the body.
+    pub(crate) fn close_span(&self) -> Span {
+        self.block.brace_token.span.close()
+    }
+
+    /// A token at or after the body's last inline macro: its last identifier, looking inside
+    /// groups, whose span survives being printed again. A closing brace does not (a group
+    /// printed by another macro, such as an attribute around this function, has one span, on
+    /// its first line), and a literal would lend its text to `line!()`'s literal, which lints
+    /// such as `clippy::zero_prefixed_literal` then read.
+    pub(crate) fn last_line_span(&self) -> Span {
+        last_ident(self.stmts_tokens.clone()).unwrap_or_else(|| self.sig.ident.span())
+    }
+}
+
+fn last_ident(tokens: TokenStream) -> Option<Span> {
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    trees.into_iter().rev().find_map(|tree| match tree {
+        TokenTree::Ident(ident) => Some(ident.span()),
+        TokenTree::Group(group) => last_ident(group.stream()),
+        TokenTree::Punct(_) | TokenTree::Literal(_) => None,
+    })
+}
+
+/// Parses the annotated item. Anything but a function with a body is an error; a function
+/// that does not parse is [`MaybeFn::Unparsed`].
+pub(crate) fn parse_fn(display: &str, item: &TokenStream) -> syn::Result<MaybeFn> {
+    let (attrs, vis, rest) = fn_prefix.parse2(item.clone())?;
+    let not_a_fn = || {
+        let keyword = rest.clone().into_iter().next();
+        syn::Error::new(
+            keyword.map_or_else(Span::call_site, |token| token.span()),
+            format!("`{display}` can only be applied to a function with a body"),
+        )
+    };
+    let ends_in_body = match rest.clone().into_iter().last() {
+        Some(TokenTree::Group(body)) => body.delimiter() == Delimiter::Brace,
+        _ => false,
+    };
+    if !starts_fn(&rest) || !ends_in_body {
+        return Err(not_a_fn());
+    }
+    let Ok((sig, body)) = signature_and_body.parse2(rest) else {
+        return Ok(MaybeFn::Unparsed);
+    };
+    let Ok((inner_attrs, stmts_tokens, stmts)) = parse_body(&body) else {
+        return Ok(MaybeFn::Unparsed);
+    };
+    let brace_token = token::Brace {
+        span: body.delim_span(),
+    };
+    Ok(MaybeFn::Parsed(Box::new(FnParts {
+        attrs,
+        vis,
+        sig,
+        inner_attrs,
+        stmts_tokens,
+        block: Block { brace_token, stmts },
+    })))
+}
+
+/// The outer attributes, the visibility, and what follows them.
+fn fn_prefix(input: ParseStream) -> syn::Result<(Vec<Attribute>, Visibility, TokenStream)> {
+    Ok((
+        input.call(Attribute::parse_outer)?,
+        input.parse()?,
+        input.parse()?,
+    ))
+}
+
+fn signature_and_body(input: ParseStream) -> syn::Result<(Signature, Group)> {
+    let sig = input.parse()?;
+    let body = input.parse()?;
+    Ok((sig, body))
+}
+
+/// Whether the tokens start with a function's qualifiers and `fn`: `const`, `async`,
+/// `unsafe`, `safe`, `extern "C"`.
+fn starts_fn(tokens: &TokenStream) -> bool {
+    for tree in tokens.clone() {
+        match tree {
+            TokenTree::Ident(ident) if ident == "fn" => return true,
+            TokenTree::Ident(ident)
+                if ["const", "async", "unsafe", "safe", "extern", "default"]
+                    .iter()
+                    .any(|qualifier| ident == qualifier) => {}
+            TokenTree::Literal(_) => {}
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The inner attributes, the statements' tokens, and the statements parsed.
+fn parse_body(body: &Group) -> syn::Result<(Vec<Attribute>, TokenStream, Vec<Stmt>)> {
+    let parser = |input: ParseStream| {
+        let inner_attrs = input.call(Attribute::parse_inner)?;
+        let stmts_tokens: TokenStream = input.fork().parse()?;
+        let stmts = input.call(Block::parse_within)?;
+        Ok((inner_attrs, stmts_tokens, stmts))
+    };
+    parser.parse2(body.stream())
 }
 
 /// A parameter as far as probing cares: only named bindings can be read again.
@@ -91,19 +279,17 @@ pub(crate) enum Output {
 }
 
 pub(crate) struct TracedFn {
-    pub(crate) mac: Macro,
-    pub(crate) args: Args,
-    pub(crate) func: ItemFn,
+    pub(crate) args: FnArgs,
+    pub(crate) func: FnParts,
     pub(crate) params: Vec<Param>,
     pub(crate) output: Output,
 }
 
 impl TracedFn {
-    pub(crate) fn new(mac: Macro, args: Args, func: ItemFn) -> Self {
+    pub(crate) fn new(args: FnArgs, func: FnParts) -> Self {
         let params = func.sig.inputs.iter().map(param).collect();
         let output = output(&func.sig.output);
         TracedFn {
-            mac,
             args,
             func,
             params,
@@ -132,35 +318,7 @@ impl TracedFn {
     }
 }
 
-/// Parses the annotated item; anything but a function with a body is an error.
-pub(crate) fn parse_fn(mac: Macro, item: &TokenStream) -> syn::Result<ItemFn> {
-    match syn::parse2::<Item>(item.clone()) {
-        Ok(Item::Fn(func)) => Ok(func),
-        _ => Err(syn::Error::new(
-            keyword_span(item),
-            format!(
-                "`{}` can only be applied to a function with a body",
-                mac.display()
-            ),
-        )),
-    }
-}
-
-/// The span of the item's keyword (`struct`, `fn`, ...), after its attributes and visibility.
-fn keyword_span(item: &TokenStream) -> Span {
-    let parser = |input: ParseStream| {
-        input.call(Attribute::parse_outer)?;
-        input.parse::<Visibility>()?;
-        let span = input.span();
-        input.parse::<TokenStream>()?;
-        Ok(span)
-    };
-    parser
-        .parse2(item.clone())
-        .unwrap_or_else(|_| Span::call_site())
-}
-
-fn param(arg: &FnArg) -> Param {
+pub(crate) fn param(arg: &FnArg) -> Param {
     match arg {
         FnArg::Receiver(receiver) => Param::Receiver(receiver.self_token),
         FnArg::Typed(typed) => match &*typed.pat {
@@ -170,7 +328,7 @@ fn param(arg: &FnArg) -> Param {
     }
 }
 
-fn output(ret: &ReturnType) -> Output {
+pub(crate) fn output(ret: &ReturnType) -> Output {
     match ret {
         ReturnType::Type(_, ty) if !returns_nothing(ty) => Output::Value {
             ty: ty.clone(),

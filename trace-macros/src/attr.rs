@@ -1,45 +1,44 @@
-//! Step 1: parse macro arguments (`key = value, ...`) into [`Args`].
+//! Step 1: parse macro arguments (`key = value, ...`) into one struct per macro, each key an
+//! `Option` of its typed value.
 //!
 //! Every key is a custom keyword so that a misspelt key is reported on its own token, and the
 //! parser keeps going after a bad argument so that one expansion reports every mistake at once.
 
-use crate::ast::Macro;
-use crate::valid::Errors;
+use crate::ast::{InlineMacro, Macro};
+use crate::valid::{Errors, QuantArgs};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt as _;
-use syn::parse::{ParseStream, Parser as _};
+use syn::parse::{Parse, ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 
-/// Declares the keys: one custom keyword each, the [`Key`] enum, and how a key is peeked.
+/// Declares the keys, one custom keyword each: the one list of what any macro accepts.
 macro_rules! keys {
-    ($($variant:ident = $keyword:ident: $placeholder:literal,)*) => {
+    ($($key:ident)*) => {
         pub(crate) mod kw {
-            $(syn::custom_keyword!($keyword);)*
-            syn::custom_keyword!(function);
+            $(syn::custom_keyword!($key);)*
+        }
+    };
+}
+
+keys! { name position index input layer len capacity bytes evictions hit_rate reference quant }
+
+/// Declares the arguments of one macro: a struct with an `Option` per key, and how a
+/// `key = value` is stored in it. The field is named after the key's keyword.
+macro_rules! arguments {
+    ($(#[$doc:meta])* $name:ident { $($key:ident: $value:ty,)* }) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        pub(crate) struct $name {
+            $(pub(crate) $key: Option<$value>,)*
         }
 
-        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-        pub(crate) enum Key {
-            $($variant,)*
-        }
+        impl Arguments for $name {
+            const KEYS: &'static [&'static str] = &[$(stringify!($key),)*];
 
-        impl Key {
-            pub(crate) fn as_str(self) -> &'static str {
-                match self {
-                    $(Key::$variant => stringify!($keyword),)*
-                }
-            }
-
-            /// What goes after `=`, shown when the value is missing.
-            fn placeholder(self) -> &'static str {
-                match self {
-                    $(Key::$variant => $placeholder,)*
-                }
-            }
-
-            fn peek(input: ParseStream) -> Option<Self> {
-                $(if input.peek(kw::$keyword) {
-                    return Some(Key::$variant);
+            fn parse_one(&mut self, input: ParseStream) -> Option<syn::Result<()>> {
+                $(if input.peek(kw::$key) {
+                    let key = stringify!($key);
+                    return Some(argument::<kw::$key, $value>(input, key, &mut self.$key));
                 })*
                 None
             }
@@ -47,145 +46,263 @@ macro_rules! keys {
     };
 }
 
-keys! {
-    Name = name: "\"...\"",
-    Position = position: "EXPR",
-    Index = index: "EXPR",
-    Input = input: "EXPR",
-    Layer = layer: "EXPR",
-    Len = len: "EXPR",
-    Capacity = capacity: "EXPR",
-    Bytes = bytes: "EXPR",
-    Evictions = evictions: "EXPR",
-    HitRate = hit_rate: "EXPR",
-    Reference = reference: "PATH",
-    Quant = quant: "Q4_1",
+/// The arguments of one macro.
+pub(crate) trait Arguments: Default {
+    /// The keys it takes, as written.
+    const KEYS: &'static [&'static str];
+
+    /// Parses one `key = value` into its field; `None` when the next token is none of its keys.
+    fn parse_one(&mut self, input: ParseStream) -> Option<syn::Result<()>>;
 }
 
-/// The value of one argument, already checked for its syntactic form.
-pub(crate) enum Value {
-    Expr(Expr),
-    Str(LitStr),
-    Path(ExprPath),
-    Variant(Ident),
+arguments! {
+    /// `#[trace_model(...)]`.
+    ModelArgs {
+        position: Expr,
+        name: LitStr,
+    }
 }
 
-pub(crate) struct Arg {
-    pub(crate) key: Key,
-    pub(crate) key_span: Span,
-    pub(crate) value: Value,
+arguments! {
+    /// `#[trace_layer(...)]`.
+    LayerArgs {
+        index: Expr,
+        input: Expr,
+        name: LitStr,
+    }
 }
 
-/// The arguments of one macro invocation, in the order written.
+arguments! {
+    /// `#[trace_attention(...)]`, `#[trace_logits(...)]` and their inline forms.
+    ValueArgs {
+        layer: Expr,
+        name: LitStr,
+    }
+}
+
+arguments! {
+    /// `#[trace_kv_cache(...)]`.
+    KvCacheArgs {
+        layer: Expr,
+        len: Expr,
+        capacity: Expr,
+        bytes: Expr,
+        evictions: Expr,
+        hit_rate: Expr,
+        name: LitStr,
+    }
+}
+
+arguments! {
+    /// `#[trace_quant(...)]` as written; [`QuantArgs`] once `reference` is known to be there.
+    QuantAttrs {
+        reference: ExprPath,
+        quant: QuantVariant,
+        name: LitStr,
+    }
+}
+
+/// `trace_tensor!` takes none.
 #[derive(Default)]
-pub(crate) struct Args {
-    pub(crate) list: Vec<Arg>,
+pub(crate) struct NoArgs {}
+
+impl Arguments for NoArgs {
+    const KEYS: &'static [&'static str] = &[];
+
+    fn parse_one(&mut self, _: ParseStream) -> Option<syn::Result<()>> {
+        None
+    }
 }
 
-impl Args {
-    fn get(&self, key: Key) -> Option<&Value> {
-        self.list
-            .iter()
-            .find(|arg| arg.key == key)
-            .map(|arg| &arg.value)
-    }
+/// The value after `key =`, checked for its syntactic form.
+pub(crate) trait Value: Sized {
+    /// What goes after `=`, shown when the value is missing.
+    const PLACEHOLDER: &'static str;
 
-    pub(crate) fn expr(&self, key: Key) -> Option<&Expr> {
-        match self.get(key)? {
-            Value::Expr(expr) => Some(expr),
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self>;
+}
+
+impl Value for Expr {
+    const PLACEHOLDER: &'static str = "EXPR";
+
+    fn from_expr(_: &str, expr: Expr) -> syn::Result<Self> {
+        Ok(expr)
+    }
+}
+
+impl Value for LitStr {
+    const PLACEHOLDER: &'static str = "\"...\"";
+
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
+        match expr {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(name),
+                ..
+            }) => Ok(name),
+            other => Err(syn::Error::new_spanned(
+                other,
+                format!("expected a string literal for `{key}`, such as `{key} = \"attn\"`"),
+            )),
+        }
+    }
+}
+
+impl Value for ExprPath {
+    const PLACEHOLDER: &'static str = "PATH";
+
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
+        match expr {
+            Expr::Path(path) => Ok(path),
+            other => Err(syn::Error::new_spanned(
+                other,
+                format!(
+                    "expected a path to a function for `{key}`, such as \
+                     `{key} = Self::forward_f32`"
+                ),
+            )),
+        }
+    }
+}
+
+/// `quant = Q4_1` or `quant = QuantType::Q4_1`: the variant's name, checked in `valid.rs`.
+pub(crate) struct QuantVariant(pub(crate) Ident);
+
+impl Value for QuantVariant {
+    const PLACEHOLDER: &'static str = "Q4_1";
+
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
+        let variant = match &expr {
+            Expr::Path(path) if path.qself.is_none() => path.path.segments.last(),
             _ => None,
+        };
+        match variant {
+            Some(segment) if segment.arguments.is_none() => Ok(Self(segment.ident.clone())),
+            _ => Err(syn::Error::new_spanned(
+                expr,
+                format!("expected a QuantType variant for `{key}`, such as `{key} = Q4_1`"),
+            )),
+        }
+    }
+}
+
+/// What an attribute macro was given, one variant per macro.
+pub(crate) enum FnArgs {
+    Model(ModelArgs),
+    Layer(LayerArgs),
+    Attention(ValueArgs),
+    Logits(ValueArgs),
+    KvCache(Box<KvCacheArgs>),
+    Quant(QuantArgs),
+}
+
+impl FnArgs {
+    /// Parses the arguments of an attribute: `#[trace_layer(index = i, name = "block")]`.
+    pub(crate) fn parse(mac: Macro, tokens: TokenStream) -> syn::Result<Self> {
+        let display = mac.display();
+        match mac {
+            Macro::Model => parse_args(display, tokens).map(FnArgs::Model),
+            Macro::Layer => parse_args(display, tokens).map(FnArgs::Layer),
+            Macro::Attention => parse_args(display, tokens).map(FnArgs::Attention),
+            Macro::Logits => parse_args(display, tokens).map(FnArgs::Logits),
+            Macro::KvCache => {
+                parse_args(display, tokens).map(|args| FnArgs::KvCache(Box::new(args)))
+            }
+            Macro::Quant => parse_args(display, tokens)
+                .and_then(QuantArgs::new)
+                .map(FnArgs::Quant),
         }
     }
 
+    pub(crate) fn mac(&self) -> Macro {
+        match self {
+            FnArgs::Model(_) => Macro::Model,
+            FnArgs::Layer(_) => Macro::Layer,
+            FnArgs::Attention(_) => Macro::Attention,
+            FnArgs::Logits(_) => Macro::Logits,
+            FnArgs::KvCache(_) => Macro::KvCache,
+            FnArgs::Quant(_) => Macro::Quant,
+        }
+    }
+
+    /// `name = "..."`, whichever macro it is.
     pub(crate) fn name(&self) -> Option<&LitStr> {
-        match self.get(Key::Name)? {
-            Value::Str(name) => Some(name),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn reference(&self) -> Option<&ExprPath> {
-        match self.get(Key::Reference)? {
-            Value::Path(path) => Some(path),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn quant(&self) -> Option<&Ident> {
-        match self.get(Key::Quant)? {
-            Value::Variant(variant) => Some(variant),
-            _ => None,
+        match self {
+            FnArgs::Model(args) => args.name.as_ref(),
+            FnArgs::Layer(args) => args.name.as_ref(),
+            FnArgs::Attention(args) | FnArgs::Logits(args) => args.name.as_ref(),
+            FnArgs::KvCache(args) => args.name.as_ref(),
+            FnArgs::Quant(args) => args.name.as_ref(),
         }
     }
 }
 
-/// Parses the arguments of an attribute: `#[trace_layer(index = i, name = "block")]`.
-pub(crate) fn parse_args(mac: Macro, tokens: TokenStream) -> syn::Result<Args> {
-    (|input: ParseStream| parse_list(mac, input)).parse2(tokens)
+fn parse_args<A: Arguments>(display: &str, tokens: TokenStream) -> syn::Result<A> {
+    (|input: ParseStream| parse_list(display, input)).parse2(tokens)
 }
 
 /// An inline macro: `trace_tensor!("stage", &t)` or `trace_attention_value!(&p, layer = 3)`.
 pub(crate) struct InlineInput {
-    /// The enclosing function, passed as `@function "name";` by a traced function's expansion.
-    pub(crate) function: Option<LitStr>,
-    pub(crate) stage: Option<LitStr>,
     pub(crate) value: Expr,
-    pub(crate) args: Args,
+    pub(crate) what: Inline,
 }
 
-pub(crate) fn parse_inline(mac: Macro, tokens: TokenStream) -> syn::Result<InlineInput> {
-    (|input: ParseStream| parse_inline_input(mac, input)).parse2(tokens)
+/// What an inline macro records, with its arguments.
+pub(crate) enum Inline {
+    Tensor(LitStr),
+    Attention(ValueArgs),
+    Logits(ValueArgs),
 }
 
-fn parse_inline_input(mac: Macro, input: ParseStream) -> syn::Result<InlineInput> {
-    let function = parse_function(input)?;
-    let stage = if mac == Macro::Tensor {
-        let stage = parse_stage(input)?;
-        if input.is_empty() {
-            return Err(missing_tensor(&stage));
+impl InlineInput {
+    pub(crate) fn parse(mac: InlineMacro, tokens: TokenStream) -> syn::Result<Self> {
+        (|input: ParseStream| parse_inline_input(mac, input)).parse2(tokens)
+    }
+}
+
+fn parse_inline_input(mac: InlineMacro, input: ParseStream) -> syn::Result<InlineInput> {
+    let display = mac.display();
+    let (value, what) = match mac {
+        InlineMacro::Tensor => {
+            let stage = parse_stage(input)?;
+            let (value, NoArgs {}) = value_then_args(display, input)?;
+            (value, Inline::Tensor(stage))
         }
-        input.parse::<Token![,]>()?;
-        Some(stage)
-    } else {
-        None
+        InlineMacro::AttentionValue => {
+            let (value, args) = value_then_args(display, input)?;
+            (value, Inline::Attention(args))
+        }
+        InlineMacro::LogitsValue => {
+            let (value, args) = value_then_args(display, input)?;
+            (value, Inline::Logits(args))
+        }
     };
-    let value = parse_inline_value(mac, input)?;
-    let args = if input.is_empty() {
-        Args::default()
-    } else {
-        input.parse::<Token![,]>()?;
-        parse_list(mac, input)?
-    };
-    Ok(InlineInput {
-        function,
-        stage,
-        value,
-        args,
-    })
+    Ok(InlineInput { value, what })
 }
 
-fn parse_function(input: ParseStream) -> syn::Result<Option<LitStr>> {
-    if !input.peek(Token![@]) {
-        return Ok(None);
+/// `&value` then, after a comma, the arguments.
+fn value_then_args<A: Arguments>(display: &str, input: ParseStream) -> syn::Result<(Expr, A)> {
+    let value = parse_inline_value(display, input)?;
+    if !input.is_empty() {
+        input.parse::<Token![,]>()?;
     }
-    input.parse::<Token![@]>()?;
-    input.parse::<kw::function>()?;
-    let function = input.parse()?;
-    input.parse::<Token![;]>()?;
-    Ok(Some(function))
+    Ok((value, parse_list(display, input)?))
 }
 
+/// `"stage",` at the start of `trace_tensor!`.
 fn parse_stage(input: ParseStream) -> syn::Result<LitStr> {
-    match input.parse::<Expr>()? {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(stage),
-            ..
-        }) => Ok(stage),
-        other => Err(syn::Error::new_spanned(
-            other,
-            "expected the stage name as a string literal, such as \"post_attn\"",
-        )),
+    if !input.peek(LitStr) {
+        let message = "expected the stage name as a string literal, such as \"attn_out\"";
+        return Err(match input.parse::<Expr>() {
+            Ok(other) => syn::Error::new_spanned(other, message),
+            Err(error) => syn::Error::new(error.span(), message),
+        });
     }
+    let stage: LitStr = input.parse()?;
+    if input.is_empty() {
+        return Err(missing_tensor(&stage));
+    }
+    input.parse::<Token![,]>()?;
+    Ok(stage)
 }
 
 fn missing_tensor(literal: &LitStr) -> syn::Error {
@@ -196,25 +313,26 @@ fn missing_tensor(literal: &LitStr) -> syn::Error {
     )
 }
 
-fn parse_inline_value(mac: Macro, input: ParseStream) -> syn::Result<Expr> {
+fn parse_inline_value(display: &str, input: ParseStream) -> syn::Result<Expr> {
     if input.is_empty() {
-        let message = format!("`{}` needs the value to trace, such as `&x`", mac.display());
+        let message = format!("`{display}` needs the value to trace, such as `&x`");
         return Err(syn::Error::new(Span::call_site(), message));
     }
     input.parse()
 }
 
-/// Parses `key = value` pairs separated by commas, collecting every error before giving up.
-fn parse_list(mac: Macro, input: ParseStream) -> syn::Result<Args> {
-    let mut args = Args::default();
+/// Parses `key = value` pairs separated by commas, collecting every error before giving up:
+/// an unknown key here, a missing value or a repeated key in [`argument`].
+fn parse_list<A: Arguments>(display: &str, input: ParseStream) -> syn::Result<A> {
+    let mut args = A::default();
     let mut errors = Errors::default();
     while !input.is_empty() {
-        match parse_arg(mac, input) {
-            Ok(arg) => args.list.push(arg),
-            Err(error) => {
-                errors.push(error);
-                skip_to_comma(input)?;
-            }
+        let parsed = args
+            .parse_one(input)
+            .unwrap_or_else(|| Err(unknown_argument::<A>(display, input)));
+        if let Err(error) = parsed {
+            errors.push(error);
+            skip_to_comma(input)?;
         }
         if !input.is_empty() {
             if let Err(error) = input.parse::<Token![,]>() {
@@ -228,113 +346,55 @@ fn parse_list(mac: Macro, input: ParseStream) -> syn::Result<Args> {
     Ok(args)
 }
 
-fn parse_arg(mac: Macro, input: ParseStream) -> syn::Result<Arg> {
+/// `key = value` into `slot`: the value must be there, in its form, and the key not repeated.
+fn argument<K: Parse, V: Value>(
+    input: ParseStream,
+    key: &str,
+    slot: &mut Option<V>,
+) -> syn::Result<()> {
     let key_span = input.span();
-    let key = match Key::peek(input) {
-        Some(key) if mac.keys().contains(&key) => key,
-        _ => return Err(unknown_argument(mac, input)),
+    input.parse::<K>()?;
+    let missing_value = || {
+        syn::Error::new(
+            key_span,
+            format!(
+                "argument `{key}` needs a value: `{key} = {}`",
+                V::PLACEHOLDER
+            ),
+        )
     };
-    input.call(Ident::parse_any)?;
-    if !input.peek(Token![=]) {
-        return Err(missing_value(key, key_span));
+    if input.parse::<Option<Token![=]>>()?.is_none() || input.is_empty() || input.peek(Token![,]) {
+        return Err(missing_value());
     }
-    input.parse::<Token![=]>()?;
-    if input.is_empty() || input.peek(Token![,]) {
-        return Err(missing_value(key, key_span));
+    let value = V::from_expr(key, input.parse()?)?;
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            key_span,
+            format!("duplicate argument `{key}`"),
+        ));
     }
-    let value = parse_value(key, input)?;
-    Ok(Arg {
-        key,
-        key_span,
-        value,
-    })
+    *slot = Some(value);
+    Ok(())
 }
 
-fn parse_value(key: Key, input: ParseStream) -> syn::Result<Value> {
-    let expr: Expr = input.parse()?;
-    match key {
-        Key::Name => string_literal(expr).map(Value::Str),
-        Key::Reference => function_path(expr).map(Value::Path),
-        Key::Quant => quant_variant(expr).map(Value::Variant),
-        _ => Ok(Value::Expr(expr)),
-    }
-}
-
-fn string_literal(expr: Expr) -> syn::Result<LitStr> {
-    match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(name),
-            ..
-        }) => Ok(name),
-        other => Err(syn::Error::new_spanned(
-            other,
-            "expected a string literal for `name`, such as `name = \"attn\"`",
-        )),
-    }
-}
-
-fn function_path(expr: Expr) -> syn::Result<ExprPath> {
-    match expr {
-        Expr::Path(path) => Ok(path),
-        other => Err(syn::Error::new_spanned(
-            other,
-            "expected a path to a function for `reference`, such as `reference = Self::forward_f32`",
-        )),
-    }
-}
-
-/// Accepts `Q4_1` and `QuantType::Q4_1`; the variant name is checked in `valid.rs`.
-fn quant_variant(expr: Expr) -> syn::Result<Ident> {
-    let variant = match &expr {
-        Expr::Path(path) if path.qself.is_none() => path.path.segments.last(),
-        _ => None,
-    };
-    match variant {
-        Some(segment) if segment.arguments.is_none() => Ok(segment.ident.clone()),
-        _ => Err(syn::Error::new_spanned(
-            expr,
-            "expected a QuantType variant for `quant`, such as `quant = Q4_1`",
-        )),
-    }
-}
-
-fn unknown_argument(mac: Macro, input: ParseStream) -> syn::Error {
-    let expected = expected_keys(mac);
+fn unknown_argument<A: Arguments>(display: &str, input: ParseStream) -> syn::Error {
+    let expected = expected_keys(A::KEYS);
     match input.call(Ident::parse_any) {
         Ok(ident) => syn::Error::new(
             ident.span(),
-            format!(
-                "unknown argument `{ident}` for `{}`; {expected}",
-                mac.display()
-            ),
+            format!("unknown argument `{ident}` for `{display}`; {expected}"),
         ),
-        Err(_) => input.error(format!(
-            "expected an argument of `{}`; {expected}",
-            mac.display()
-        )),
+        Err(_) => input.error(format!("expected an argument of `{display}`; {expected}")),
     }
 }
 
-fn expected_keys(mac: Macro) -> String {
-    let keys: Vec<String> = mac
-        .keys()
-        .iter()
-        .map(|key| format!("`{}`", key.as_str()))
-        .collect();
+fn expected_keys(keys: &[&str]) -> String {
+    let keys: Vec<String> = keys.iter().map(|key| format!("`{key}`")).collect();
     match keys.as_slice() {
         [] => "it takes no arguments".to_owned(),
         [only] => format!("expected {only}"),
         [init @ .., last] => format!("expected one of {}, {last}", init.join(", ")),
     }
-}
-
-fn missing_value(key: Key, span: Span) -> syn::Error {
-    let placeholder = key.placeholder();
-    let key = key.as_str();
-    syn::Error::new(
-        span,
-        format!("argument `{key}` needs a value: `{key} = {placeholder}`"),
-    )
 }
 
 /// Recovery after a bad argument: drop tokens up to the next top-level comma.

@@ -1,113 +1,242 @@
-//! Step 4: generate code. Without the `enabled` feature the validated item is returned as it
-//! came (inline macros become dead code that only borrows their arguments), so a build without
-//! tracing compiles to the same machine code as one without the annotations.
+//! Step 4: generate code.
+//!
+//! Without the `enabled` feature a function comes back as it was written, with at most one
+//! statement added in front of its body: a closure that is never called and holds the
+//! arguments' expressions, converted as the traced build converts them, so that they are
+//! type-checked and count as uses in both builds while no code is generated for them. Inline
+//! macros become an `if false` block doing the same.
 //!
 //! With `enabled`, a function keeps its signature and its body: the body moves into a block
 //! (labeled when a `return` had to become a `break`), preceded by a static callsite and a guard,
-//! followed by the recording of the output. Nothing is wrapped in a closure.
+//! followed by the recording of the output. Nothing is wrapped in a closure. The function also
+//! registers the lines it spans, from which the inline macros inside it learn its name.
 
-use crate::ast::{parse_fn, Macro, Output, Param, TracedFn};
-use crate::attr::{parse_args, parse_inline, InlineInput, Key};
-use crate::valid::both;
-use proc_macro2::{Span, TokenStream};
+use crate::ast::{parse_fn, InlineMacro, Kind, Macro, MaybeFn, Output, Param, TracedFn};
+use crate::attr::{FnArgs, Inline, InlineInput};
+use crate::valid::{both, check_fn, QUANT_TYPES, RESERVED_STAGES};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned as _;
 use syn::visit_mut::{self, VisitMut};
-use syn::{AttrStyle, Block, Expr, ExprBreak, Ident, Item, Lifetime, LitStr, Token};
+use syn::{Block, Expr, ExprBreak, ExprPath, Ident, Item, Lifetime, LitStr, Token};
 
 const ENABLED: bool = cfg!(feature = "enabled");
 
-/// Lints that the casts of user expressions (`(index) as usize`) trigger for some types.
-fn allow_casts() -> TokenStream {
-    quote! {
-        #[allow(
-            trivial_numeric_casts,
-            clippy::unnecessary_cast,
-            clippy::cast_lossless,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss
-        )]
-    }
-}
-
-/// An attribute macro: validate, then return the item or its traced version.
-pub(crate) fn traced_fn(
+/// An attribute macro: check, then return the traced function or the function as written
+/// (its arguments checked in a closure). A body that does not parse is left to the compiler.
+pub(crate) fn attribute(
     mac: Macro,
     args: TokenStream,
     item: &TokenStream,
 ) -> syn::Result<TokenStream> {
-    let (args, func) = both(parse_args(mac, args), parse_fn(mac, item))?;
-    let traced = TracedFn::new(mac, args, func);
-    traced.validate()?;
-    if !ENABLED {
+    let args = FnArgs::parse(mac, args);
+    let func = parse_fn(mac.display(), item).and_then(|func| match func {
+        MaybeFn::Parsed(func) => check_fn(mac, &func).map(|()| Some(func)),
+        MaybeFn::Unparsed => Ok(None),
+    });
+    let (args, func) = both(args, func)?;
+    let Some(func) = func else {
         return Ok(item.clone());
+    };
+    let traced = TracedFn::new(args, *func);
+    if ENABLED {
+        return Ok(traced.expand());
     }
-    Ok(traced.expand())
+    Ok(traced.compiled_out().unwrap_or_else(|| item.clone()))
 }
 
-/// The error and the untouched item, so that the item's other uses raise no second error.
-pub(crate) fn fallback(error: syn::Error, item: TokenStream) -> TokenStream {
+/// The errors and the untouched item, so that the item's other uses raise no second error.
+pub(crate) fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
     let mut tokens = error.into_compile_error();
     tokens.extend(item);
     tokens
 }
 
-/// An inline macro: validate, then trace the value or only borrow it.
-pub(crate) fn inline(mac: Macro, tokens: TokenStream) -> syn::Result<TokenStream> {
-    let input = parse_inline(mac, tokens)?;
+/// An inline macro: check, then trace the value, or only type-check it.
+pub(crate) fn inline(mac: InlineMacro, tokens: TokenStream) -> syn::Result<TokenStream> {
+    let input = InlineInput::parse(mac, tokens)?;
     input.validate()?;
-    if !ENABLED {
-        return Ok(input.compiled_out());
+    if ENABLED {
+        return Ok(input.expand());
     }
-    Ok(input.expand(mac))
+    Ok(input.compiled_out())
 }
 
 /// Several `compile_error!`s are statements, so they go in a block to stand as one expression.
-pub(crate) fn inline_fallback(error: syn::Error) -> TokenStream {
+pub(crate) fn inline_errors(error: syn::Error) -> TokenStream {
     let errors = error.into_compile_error();
     quote!({ #errors })
 }
 
+/// What the hidden `__*!()` macros list, for `tests/macro_lists.rs`.
+#[derive(Clone, Copy)]
+pub(crate) enum List {
+    TracepointKinds,
+    QuantTypes,
+    ReservedStages,
+}
+
+/// `&["...", ...]`: the names the macros know, as a list a test can compare with the runtime.
+pub(crate) fn list(list: List, input: TokenStream) -> syn::Result<TokenStream> {
+    if let Some(token) = input.into_iter().next() {
+        return Err(syn::Error::new(token.span(), "this macro takes no input"));
+    }
+    let names: Vec<&str> = match list {
+        List::TracepointKinds => Kind::registered().into_iter().map(Kind::name).collect(),
+        List::QuantTypes => QUANT_TYPES.to_vec(),
+        List::ReservedStages => RESERVED_STAGES.to_vec(),
+    };
+    Ok(quote!(&[#(#names),*]))
+}
+
+/// The `__private` trait that converts one argument. One per argument, so that a value of the
+/// wrong type is reported with the argument's name and what it takes.
+#[derive(Clone, Copy)]
+enum Conversion {
+    Position,
+    Index,
+    Layer,
+    Len,
+    Capacity,
+    Bytes,
+    Evictions,
+    HitRate,
+}
+
+impl Conversion {
+    /// `Trait::convert(expr)`, spanned on the user's expression so that a type error lands
+    /// there.
+    fn apply(self, expr: &Expr) -> TokenStream {
+        let span = expr.span();
+        let name = match self {
+            Conversion::Position => "PositionArg",
+            Conversion::Index => "IndexArg",
+            Conversion::Layer => "LayerArg",
+            Conversion::Len => "LenArg",
+            Conversion::Capacity => "CapacityArg",
+            Conversion::Bytes => "BytesArg",
+            Conversion::Evictions => "EvictionsArg",
+            Conversion::HitRate => "HitRateArg",
+        };
+        let name = Ident::new(name, span);
+        quote_spanned!(span=> ::model_trace::__private::#name::convert(#expr))
+    }
+
+    /// `Some(converted)`, or `None` when the argument was not given.
+    fn option(self, expr: Option<&Expr>) -> TokenStream {
+        match expr {
+            Some(expr) => {
+                let converted = self.apply(expr);
+                quote!(::core::option::Option::Some(#converted))
+            }
+            None => quote!(::core::option::Option::None),
+        }
+    }
+}
+
 impl TracedFn {
+    /// The function as written, plus a closure that is never called holding its arguments;
+    /// `None` when there is no argument to hold.
+    fn compiled_out(&self) -> Option<TokenStream> {
+        let uses = self.argument_uses();
+        if uses.is_empty() {
+            return None;
+        }
+        let func = &self.func;
+        let (attrs, vis, sig, inner) = (&func.attrs, &func.vis, &func.sig, &func.inner_attrs);
+        let stmts = &func.stmts_tokens;
+        let body = braces(
+            func.close_span(),
+            quote! {
+                #(#inner)*
+                let _ = || {
+                    #(#uses)*
+                };
+                #stmts
+            },
+        );
+        Some(quote!(#(#attrs)* #vis #sig #body))
+    }
+
+    /// One statement per argument, evaluating it as the traced build does.
+    fn argument_uses(&self) -> Vec<TokenStream> {
+        let converted = |conversion: Conversion, expr: &Option<Expr>| {
+            expr.as_ref().map(|expr| {
+                let converted = conversion.apply(expr);
+                quote!(let _ = #converted;)
+            })
+        };
+        match &self.args {
+            FnArgs::Model(args) => converted(Conversion::Position, &args.position)
+                .into_iter()
+                .collect(),
+            FnArgs::Layer(args) => {
+                let input = args.input.as_ref().map(|input| quote!(let _ = &(#input);));
+                converted(Conversion::Index, &args.index)
+                    .into_iter()
+                    .chain(input)
+                    .collect()
+            }
+            FnArgs::Attention(args) | FnArgs::Logits(args) => {
+                converted(Conversion::Layer, &args.layer)
+                    .into_iter()
+                    .collect()
+            }
+            FnArgs::KvCache(args) => [
+                converted(Conversion::Layer, &args.layer),
+                converted(Conversion::Len, &args.len),
+                converted(Conversion::Capacity, &args.capacity),
+                converted(Conversion::Bytes, &args.bytes),
+                converted(Conversion::Evictions, &args.evictions),
+                converted(Conversion::HitRate, &args.hit_rate),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            FnArgs::Quant(args) => {
+                let call = self.reference_call(&args.reference);
+                vec![quote! {
+                    #[allow(clippy::used_underscore_binding)]
+                    let _ = #call;
+                }]
+            }
+        }
+    }
+
     fn expand(&self) -> TokenStream {
         let func = &self.func;
-        let outer = func
-            .attrs
-            .iter()
-            .filter(|a| matches!(a.style, AttrStyle::Outer));
-        let inner = func
-            .attrs
-            .iter()
-            .filter(|a| matches!(a.style, AttrStyle::Inner(_)));
-        let (vis, sig) = (&func.vis, &func.sig);
+        let (attrs, vis, sig, inner) = (&func.attrs, &func.vis, &func.sig, &func.inner_attrs);
+        let mac = self.args.mac();
+        let function = self.function_name();
         let callsite = callsite(
-            self.mac,
+            mac.kind(),
             &self.tracepoint_name(),
-            &self.function_name(),
+            &function,
             sig.ident.span(),
         );
+        let span = function_span(&function, sig.fn_token.span, func.last_line_span());
         let prologue = self.prologue();
         let epilogue = self.epilogue();
         let body = self.body(epilogue.is_some());
-        quote! {
-            #(#outer)*
-            #vis #sig {
+        let body = braces(
+            func.close_span(),
+            quote! {
                 #(#inner)*
                 #callsite
+                #span
                 #prologue
                 #body
                 #epilogue
-            }
-        }
+            },
+        );
+        quote!(#(#attrs)* #vis #sig #body)
     }
 
     /// The user's statements. When code follows them, returns become breaks out of the block
     /// and the value is kept in `__trace_out`, annotated with the return type so that tail
     /// expressions such as `.collect()` still infer.
     fn body(&self, code_follows: bool) -> TokenStream {
-        let mut block = (*self.func.block).clone();
-        NameInlineMacros::apply(&mut block, &self.function_name());
+        let mut block = self.func.block.clone();
         if !code_follows {
             return block.into_token_stream();
         }
@@ -125,45 +254,40 @@ impl TracedFn {
     }
 
     fn prologue(&self) -> TokenStream {
-        match self.mac {
-            Macro::Model => self.model_guard(),
-            Macro::Layer => self.layer_guard(),
-            Macro::Quant => self.reference_call(),
-            _ => TokenStream::new(),
+        match &self.args {
+            FnArgs::Model(args) => model_guard(args.position.as_ref()),
+            FnArgs::Layer(args) => self.layer_guard(args.index.as_ref(), args.input.as_ref()),
+            FnArgs::Quant(args) => {
+                let call = self.reference_call(&args.reference);
+                quote! {
+                    #[allow(clippy::used_underscore_binding)]
+                    let __trace_reference = if __TRACE_CALLSITE.is_active() {
+                        ::core::option::Option::Some(#call)
+                    } else {
+                        ::core::option::Option::None
+                    };
+                }
+            }
+            FnArgs::Attention(_) | FnArgs::Logits(_) | FnArgs::KvCache(_) => TokenStream::new(),
         }
     }
 
     /// What runs after the body; `None` when nothing does, so the body stays as it was.
     fn epilogue(&self) -> Option<TokenStream> {
         let has_output = matches!(self.output, Output::Value { .. });
-        match self.mac {
-            Macro::Layer if has_output => Some(layer_output()),
-            Macro::Attention => Some(self.record_output("record_attention")),
-            Macro::Logits => Some(self.record_output("record_logits")),
-            Macro::KvCache => Some(self.kv_cache_step(has_output)),
-            Macro::Quant => Some(quant_record(self.args.quant())),
-            _ => None,
+        match &self.args {
+            FnArgs::Model(_) => None,
+            FnArgs::Layer(_) => has_output.then(layer_output),
+            FnArgs::Attention(args) => Some(record_output("record_attention", args.layer.as_ref())),
+            FnArgs::Logits(args) => Some(record_output("record_logits", args.layer.as_ref())),
+            FnArgs::KvCache(args) => Some(kv_cache_step(args, has_output)),
+            FnArgs::Quant(args) => Some(quant_record(args.quant.as_ref())),
         }
     }
 
-    fn model_guard(&self) -> TokenStream {
-        let position = cast_arg(self.args.expr(Key::Position), "usize");
-        let allow_casts = allow_casts();
-        quote! {
-            let __trace_guard = if __TRACE_CALLSITE.is_active() {
-                #allow_casts
-                let __trace_position = #position;
-                ::model_trace::__private::ModelGuard::enter(&__TRACE_CALLSITE, __trace_position)
-            } else {
-                ::model_trace::__private::ModelGuard::inactive()
-            };
-        }
-    }
-
-    fn layer_guard(&self) -> TokenStream {
-        let allow_casts = allow_casts();
-        let index = cast_arg(self.args.expr(Key::Index), "usize");
-        let input = self.args.expr(Key::Input).map_or_else(
+    fn layer_guard(&self, index: Option<&Expr>, input: Option<&Expr>) -> TokenStream {
+        let index = Conversion::Index.option(index);
+        let input = input.map_or_else(
             || first_tensor(&self.input_candidates().collect::<Vec<_>>()),
             probe,
         );
@@ -171,7 +295,6 @@ impl TracedFn {
         quote! {
             let __trace_active = __TRACE_CALLSITE.is_active();
             let #mutability __trace_guard = if __trace_active {
-                #allow_casts
                 let __trace_index = #index;
                 ::model_trace::__private::LayerGuard::enter(&__TRACE_CALLSITE, __trace_index, #input)
             } else {
@@ -180,68 +303,26 @@ impl TracedFn {
         }
     }
 
-    /// Calls `reference` with the same arguments before the body can move them.
-    fn reference_call(&self) -> TokenStream {
-        let reference = self.args.reference();
+    /// `reference(args...)` with the function's own arguments.
+    fn reference_call(&self, reference: &ExprPath) -> TokenStream {
         let args = self.params.iter().filter_map(|param| match param {
             Param::Receiver(self_token) => Some(self_token.to_token_stream()),
             Param::Named(ident) => Some(ident.to_token_stream()),
             Param::Unnamed(_) => None,
         });
-        quote! {
-            #[allow(clippy::used_underscore_binding)]
-            let __trace_reference = if __TRACE_CALLSITE.is_active() {
-                ::core::option::Option::Some(#reference(#(#args),*))
-            } else {
-                ::core::option::Option::None
-            };
-        }
+        quote!(#reference(#(#args),*))
     }
+}
 
-    fn record_output(&self, record: &str) -> TokenStream {
-        let allow_casts = allow_casts();
-        let record = Ident::new(record, Span::call_site());
-        let layer = cast_arg(self.args.expr(Key::Layer), "usize");
-        quote! {
-            if __TRACE_CALLSITE.is_active() {
-                #allow_casts
-                let __trace_layer = #layer;
-                ::model_trace::__private::#record(
-                    &__TRACE_CALLSITE,
-                    __trace_layer,
-                    ::model_trace::__private::probe!(&__trace_out),
-                );
-            }
-            __trace_out
-        }
-    }
-
-    fn kv_cache_step(&self, has_output: bool) -> TokenStream {
-        let allow_casts = allow_casts();
-        let field = |key: Key, ty: &str| cast_arg(self.args.expr(key), ty);
-        let layer = field(Key::Layer, "usize");
-        let (len, capacity, bytes) = (
-            field(Key::Len, "usize"),
-            field(Key::Capacity, "usize"),
-            field(Key::Bytes, "usize"),
-        );
-        let (evictions, hit_rate) = (field(Key::Evictions, "usize"), field(Key::HitRate, "f32"));
-        let tail = has_output.then(|| quote!(__trace_out));
-        quote! {
-            if __TRACE_CALLSITE.is_active() {
-                #allow_casts
-                let __trace_step = ::model_trace::__private::KvCacheStep {
-                    layer: #layer,
-                    len: #len,
-                    capacity: #capacity,
-                    bytes: #bytes,
-                    evictions: #evictions,
-                    hit_rate: #hit_rate,
-                };
-                ::model_trace::__private::record_kv_cache(&__TRACE_CALLSITE, __trace_step);
-            }
-            #tail
-        }
+fn model_guard(position: Option<&Expr>) -> TokenStream {
+    let position = Conversion::Position.option(position);
+    quote! {
+        let __trace_guard = if __TRACE_CALLSITE.is_active() {
+            let __trace_position = #position;
+            ::model_trace::__private::ModelGuard::enter(&__TRACE_CALLSITE, __trace_position)
+        } else {
+            ::model_trace::__private::ModelGuard::inactive()
+        };
     }
 }
 
@@ -251,6 +332,46 @@ fn layer_output() -> TokenStream {
             __trace_guard.output(::model_trace::__private::probe!(&__trace_out));
         }
         __trace_out
+    }
+}
+
+fn record_output(record: &str, layer: Option<&Expr>) -> TokenStream {
+    let record = Ident::new(record, Span::call_site());
+    let layer = Conversion::Layer.option(layer);
+    quote! {
+        if __TRACE_CALLSITE.is_active() {
+            let __trace_layer = #layer;
+            ::model_trace::__private::#record(
+                &__TRACE_CALLSITE,
+                __trace_layer,
+                ::model_trace::__private::probe!(&__trace_out),
+            );
+        }
+        __trace_out
+    }
+}
+
+fn kv_cache_step(args: &crate::attr::KvCacheArgs, has_output: bool) -> TokenStream {
+    let layer = Conversion::Layer.option(args.layer.as_ref());
+    let len = Conversion::Len.option(args.len.as_ref());
+    let capacity = Conversion::Capacity.option(args.capacity.as_ref());
+    let bytes = Conversion::Bytes.option(args.bytes.as_ref());
+    let evictions = Conversion::Evictions.option(args.evictions.as_ref());
+    let hit_rate = Conversion::HitRate.option(args.hit_rate.as_ref());
+    let tail = has_output.then(|| quote!(__trace_out));
+    quote! {
+        if __TRACE_CALLSITE.is_active() {
+            let __trace_step = ::model_trace::__private::KvCacheStep {
+                layer: #layer,
+                len: #len,
+                capacity: #capacity,
+                bytes: #bytes,
+                evictions: #evictions,
+                hit_rate: #hit_rate,
+            };
+            ::model_trace::__private::record_kv_cache(&__TRACE_CALLSITE, __trace_step);
+        }
+        #tail
     }
 }
 
@@ -275,10 +396,19 @@ fn quant_record(quant: Option<&Ident>) -> TokenStream {
     }
 }
 
+/// A function body: `tokens` in braces spanned on the original closing brace, so that the
+/// compiler's messages about the body point at the body.
+fn braces(close: Span, tokens: TokenStream) -> Group {
+    let mut group = Group::new(Delimiter::Brace, tokens);
+    group.set_span(close);
+    group
+}
+
 /// The static tracepoint and its registration. `line!()` carries the function name's span so
-/// the tracepoint points at the `fn` line rather than at the attribute.
-fn callsite(mac: Macro, name: &str, function: &str, line_span: Span) -> TokenStream {
-    let kind = Ident::new(mac.tracepoint_kind(), Span::call_site());
+/// the tracepoint points at the `fn` line rather than at the attribute. An inline macro's
+/// `function` is empty: the runtime finds it from the registered [`function_span`]s.
+fn callsite(kind: Kind, name: &str, function: &str, line_span: Span) -> TokenStream {
+    let kind = kind.ident();
     let line = quote_spanned!(line_span=> ::core::line!());
     quote! {
         static __TRACE_CALLSITE: ::model_trace::__private::Callsite =
@@ -296,14 +426,21 @@ fn callsite(mac: Macro, name: &str, function: &str, line_span: Span) -> TokenStr
     }
 }
 
-/// `Some((expr) as ty)`, spanned on the user's expression so a bad type is reported there.
-fn cast_arg(expr: Option<&Expr>, ty: &str) -> TokenStream {
-    let Some(expr) = expr else {
-        return quote!(::core::option::Option::None);
-    };
-    let span = expr.span();
-    let ty = Ident::new(ty, span);
-    quote_spanned!(span=> ::core::option::Option::Some((#expr) as #ty))
+/// Registers the lines from `fn` to the body's last identifier under the function's name.
+fn function_span(name: &str, first: Span, last: Span) -> TokenStream {
+    let first = quote_spanned!(first=> ::core::line!());
+    let last = quote_spanned!(last=> ::core::line!());
+    quote! {
+        ::model_trace::__private::inventory::submit! {
+            ::model_trace::__private::FunctionSpan::new(
+                #name,
+                ::core::module_path!(),
+                ::core::file!(),
+                #first,
+                #last,
+            )
+        }
+    }
 }
 
 /// `probe!(&value)`, or the user's own `&value` as it is.
@@ -371,62 +508,18 @@ impl VisitMut for ReturnToBreak {
     fn visit_macro_mut(&mut self, _: &mut syn::Macro) {}
 }
 
-/// Tells the inline macros in a traced body which function they are in (a bang macro cannot
-/// see it), by prefixing their input with `@function "name";`.
-struct NameInlineMacros<'a> {
-    function: &'a str,
-}
-
-impl NameInlineMacros<'_> {
-    fn apply(block: &mut Block, function: &str) {
-        NameInlineMacros { function }.visit_block_mut(block);
-    }
-}
-
-impl VisitMut for NameInlineMacros<'_> {
-    fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
-        let is_inline = mac
-            .path
-            .segments
-            .last()
-            .is_some_and(|segment| INLINE_MACROS.iter().any(|name| segment.ident == name));
-        let named = mac.tokens.clone().into_iter().next().is_some_and(
-            |first| matches!(first, proc_macro2::TokenTree::Punct(punct) if punct.as_char() == '@'),
-        );
-        if is_inline && !named {
-            let function = self.function;
-            let tokens = &mac.tokens;
-            mac.tokens = quote!(@function #function; #tokens);
-        }
-    }
-
-    fn visit_item_mut(&mut self, _: &mut Item) {}
-}
-
-const INLINE_MACROS: &[&str] = &[
-    "trace_tensor",
-    "trace_attention_value",
-    "trace_logits_value",
-];
-
 impl InlineInput {
-    fn expand(&self, mac: Macro) -> TokenStream {
-        let function = self
-            .function
-            .as_ref()
-            .map_or_else(String::new, LitStr::value);
-        let callsite = callsite(
-            mac,
-            &self.tracepoint_name(mac),
-            &function,
-            Span::call_site(),
-        );
+    fn expand(&self) -> TokenStream {
+        let callsite = callsite(self.kind(), &self.tracepoint_name(), "", Span::call_site());
         let value = probe(&self.value);
-        let record = match (mac, &self.stage) {
-            (Macro::Tensor, Some(stage)) => quote! {
+        let record = match &self.what {
+            Inline::Tensor(stage) => quote! {
                 ::model_trace::__private::record_stage(&__TRACE_CALLSITE, #stage, #value);
             },
-            _ => self.record_value(mac, &value),
+            Inline::Attention(args) => {
+                record_value("record_attention", args.layer.as_ref(), &value)
+            }
+            Inline::Logits(args) => record_value("record_logits", args.layer.as_ref(), &value),
         };
         quote!({
             #callsite
@@ -436,48 +529,52 @@ impl InlineInput {
         })
     }
 
-    fn record_value(&self, mac: Macro, value: &TokenStream) -> TokenStream {
-        let allow_casts = allow_casts();
-        let record = if mac == Macro::LogitsValue {
-            quote!(record_logits)
-        } else {
-            quote!(record_attention)
-        };
-        let layer = cast_arg(self.args.expr(Key::Layer), "usize");
-        quote! {
-            #allow_casts
-            let __trace_layer = #layer;
-            ::model_trace::__private::#record(&__TRACE_CALLSITE, __trace_layer, #value);
-        }
-    }
-
-    /// Never runs, but borrows the arguments so that they count as used, as with tracing on.
+    /// Never runs, but uses the arguments as the traced build does, so that they are
+    /// type-checked and count as used.
     fn compiled_out(&self) -> TokenStream {
         let value = &self.value;
-        let layer = self.args.expr(Key::Layer).into_iter();
+        let layer = match &self.what {
+            Inline::Tensor(_) => None,
+            Inline::Attention(args) | Inline::Logits(args) => args.layer.as_ref(),
+        };
+        let layer = layer
+            .map(|layer| Conversion::Layer.apply(layer))
+            .into_iter();
         quote!({
             if false {
                 let _ = &(#value);
-                #(let _ = &(#layer);)*
+                #(let _ = #layer;)*
             }
         })
     }
 
+    fn kind(&self) -> Kind {
+        match &self.what {
+            Inline::Tensor(_) => Kind::Tensor,
+            Inline::Attention(_) => Kind::Attention,
+            Inline::Logits(_) => Kind::Logits,
+        }
+    }
+
     /// The stage, `name = "..."`, or the traced variable's name (`&self.probs` gives `probs`).
-    fn tracepoint_name(&self, mac: Macro) -> String {
-        if let Some(stage) = &self.stage {
-            return stage.value();
-        }
-        if let Some(name) = self.args.name() {
-            return name.value();
-        }
-        last_name(&self.value).unwrap_or_else(|| {
-            match mac {
-                Macro::LogitsValue => "logits",
-                _ => "attention",
-            }
-            .to_owned()
-        })
+    fn tracepoint_name(&self) -> String {
+        let (name, default) = match &self.what {
+            Inline::Tensor(stage) => return stage.value(),
+            Inline::Attention(args) => (args.name.as_ref(), "attention"),
+            Inline::Logits(args) => (args.name.as_ref(), "logits"),
+        };
+        name.map(LitStr::value)
+            .or_else(|| last_name(&self.value))
+            .unwrap_or_else(|| default.to_owned())
+    }
+}
+
+fn record_value(record: &str, layer: Option<&Expr>, value: &TokenStream) -> TokenStream {
+    let record = Ident::new(record, Span::call_site());
+    let layer = Conversion::Layer.option(layer);
+    quote! {
+        let __trace_layer = #layer;
+        ::model_trace::__private::#record(&__TRACE_CALLSITE, __trace_layer, #value);
     }
 }
 

@@ -3,85 +3,114 @@
 //!
 //! Each invocation goes through four steps, one module each: `attr` parses the arguments,
 //! `ast` reads the annotated function, `valid` rejects what cannot be traced, `expand` writes the
-//! code. Without the `enabled` feature, `expand` returns the item unchanged; the first three steps
-//! run either way, so a mistake is a compile error in both builds.
+//! code. The first three run in both builds, so a mistake is a compile error in both; without the
+//! `enabled` feature, `expand` returns the function as written, its arguments type-checked in a
+//! closure that is never called.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod ast;
 mod attr;
 mod expand;
 mod valid;
 
-use ast::Macro;
+use ast::{InlineMacro, Macro};
+use expand::List;
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 
-// The macros are documented where users meet them: their re-exports in `model-trace`.
-
+/// Marks one forward pass; see `model_trace::trace_model`.
 #[proc_macro_attribute]
 pub fn trace_model(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::Model, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::Model, args, item)
 }
 
+/// Records one layer; see `model_trace::trace_layer`.
 #[proc_macro_attribute]
 pub fn trace_layer(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::Layer, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::Layer, args, item)
 }
 
+/// Records returned attention probabilities; see `model_trace::trace_attention`.
 #[proc_macro_attribute]
 pub fn trace_attention(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::Attention, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::Attention, args, item)
 }
 
+/// Records returned logits; see `model_trace::trace_logits`.
 #[proc_macro_attribute]
 pub fn trace_logits(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::Logits, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::Logits, args, item)
 }
 
+/// Records one KV-cache step; see `model_trace::trace_kv_cache`.
 #[proc_macro_attribute]
 pub fn trace_kv_cache(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::KvCache, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::KvCache, args, item)
 }
 
+/// Records quantization error against a reference; see `model_trace::trace_quant`.
 #[proc_macro_attribute]
 pub fn trace_quant(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item = TokenStream2::from(item);
-    expand::traced_fn(Macro::Quant, args.into(), &item)
-        .unwrap_or_else(|error| expand::fallback(error, item))
-        .into()
+    attribute(Macro::Quant, args, item)
 }
 
+/// Records an intermediate tensor as a stage; see `model_trace::trace_tensor!`.
 #[proc_macro]
 pub fn trace_tensor(input: TokenStream) -> TokenStream {
-    expand::inline(Macro::Tensor, input.into())
-        .unwrap_or_else(expand::inline_fallback)
-        .into()
+    function_like(InlineMacro::Tensor, input)
 }
 
+/// Records attention probabilities computed inline; see `model_trace::trace_attention_value!`.
 #[proc_macro]
 pub fn trace_attention_value(input: TokenStream) -> TokenStream {
-    expand::inline(Macro::AttentionValue, input.into())
-        .unwrap_or_else(expand::inline_fallback)
+    function_like(InlineMacro::AttentionValue, input)
+}
+
+/// Records logits computed inline; see `model_trace::trace_logits_value!`.
+#[proc_macro]
+pub fn trace_logits_value(input: TokenStream) -> TokenStream {
+    function_like(InlineMacro::LogitsValue, input)
+}
+
+/// The `TracepointKind` variants the macros register, as `&[&str]`. Not public API.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __tracepoint_kinds(input: TokenStream) -> TokenStream {
+    list(List::TracepointKinds, input)
+}
+
+/// The `QuantType` names that `quant = ...` accepts, as `&[&str]`. Not public API.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __quant_types(input: TokenStream) -> TokenStream {
+    list(List::QuantTypes, input)
+}
+
+/// The stage names that `trace_tensor!` refuses, as `&[&str]`. Not public API.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __reserved_stages(input: TokenStream) -> TokenStream {
+    list(List::ReservedStages, input)
+}
+
+/// On error, the errors and the item as it came, so that the item raises no second error.
+fn attribute(mac: Macro, args: TokenStream, item: TokenStream) -> TokenStream {
+    let item = TokenStream2::from(item);
+    expand::attribute(mac, args.into(), &item)
+        .unwrap_or_else(|error| expand::with_item(error, item))
         .into()
 }
 
-#[proc_macro]
-pub fn trace_logits_value(input: TokenStream) -> TokenStream {
-    expand::inline(Macro::LogitsValue, input.into())
-        .unwrap_or_else(expand::inline_fallback)
+fn function_like(mac: InlineMacro, input: TokenStream) -> TokenStream {
+    expand::inline(mac, input.into())
+        .unwrap_or_else(expand::inline_errors)
+        .into()
+}
+
+fn list(list: List, input: TokenStream) -> TokenStream {
+    expand::list(list, input.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
         .into()
 }

@@ -1,18 +1,24 @@
-//! Step 3: checks that need the whole invocation: repeated arguments, the `QuantType` name, and
-//! function shapes that cannot be traced. Every check reports on its own token.
+//! Step 3: checks that need the whole invocation: a required argument, the `QuantType` name,
+//! reserved stage names, and function shapes that cannot be traced. Every check reports on its
+//! own token.
 
-use crate::ast::{Macro, Output, Param, TracedFn};
-use crate::attr::{Args, InlineInput, Key};
+use crate::ast::{output, param, FnParts, Macro, Output, Param};
+use crate::attr::{Inline, InlineInput, QuantAttrs};
 use proc_macro2::Span;
 use syn::spanned::Spanned as _;
+use syn::{ExprPath, Ident, LitStr};
 
-/// The `QuantType` variants of trace-runtime, by their ggml names. Keep in the order of
-/// `QuantType::ALL`: the UI case `tests/ui/pass/quant_type_names.rs` compares the two lists.
+/// The `QuantType` variants of trace-runtime, by their ggml names. `tests/macro_lists.rs`
+/// compares them with `QuantType::ALL` through `__quant_types!`.
 pub(crate) const QUANT_TYPES: &[&str] = &[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
     "Q5_K", "Q6_K", "Q8_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
     "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4",
 ];
+
+/// The stages that belong to the layer record itself (`Stage::is_layer_boundary` in the
+/// runtime), compared by `tests/macro_lists.rs` through `__reserved_stages!`.
+pub(crate) const RESERVED_STAGES: &[&str] = &["input", "output"];
 
 /// Collects errors so that one expansion reports all of them.
 #[derive(Default)]
@@ -37,58 +43,49 @@ impl Errors {
 
 /// Both results, or every error of the two.
 pub(crate) fn both<A, B>(a: syn::Result<A>, b: syn::Result<B>) -> syn::Result<(A, B)> {
-    let mut errors = Errors::default();
-    let a = errors.check(a);
-    let b = errors.check(b);
-    errors.finish()?;
-    a.zip(b)
-        .ok_or_else(|| syn::Error::new(Span::call_site(), "invalid macro input"))
-}
-
-impl TracedFn {
-    pub(crate) fn validate(&self) -> syn::Result<()> {
-        let mut errors = Errors::default();
-        errors.check(check_args(&self.args));
-        errors.check(check_not_const(self));
-        errors.check(check_not_async(self));
-        errors.check(check_returns_value(self));
-        errors.check(check_reference_given(self));
-        errors.check(check_params_named(self));
-        errors.finish()
-    }
-}
-
-impl InlineInput {
-    pub(crate) fn validate(&self) -> syn::Result<()> {
-        check_args(&self.args)
-    }
-}
-
-fn check_args(args: &Args) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    errors.check(check_repeats(args));
-    errors.check(check_quant(args));
-    errors.finish()
-}
-
-/// Each argument at most once. No two different arguments conflict today; a pair that did
-/// would be rejected here too, so that the message names both.
-fn check_repeats(args: &Args) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    for (position, arg) in args.list.iter().enumerate() {
-        if args.list[..position].iter().any(|seen| seen.key == arg.key) {
-            let key = arg.key.as_str();
-            errors.push(syn::Error::new(
-                arg.key_span,
-                format!("duplicate argument `{key}`"),
-            ));
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        (Err(error), Ok(_)) | (Ok(_), Err(error)) => Err(error),
+        (Err(mut first), Err(second)) => {
+            first.combine(second);
+            Err(first)
         }
     }
-    errors.finish()
 }
 
-fn check_quant(args: &Args) -> syn::Result<()> {
-    match args.quant() {
+/// `#[trace_quant(...)]` with its `reference`.
+pub(crate) struct QuantArgs {
+    pub(crate) reference: ExprPath,
+    /// A name of [`QUANT_TYPES`].
+    pub(crate) quant: Option<Ident>,
+    pub(crate) name: Option<LitStr>,
+}
+
+impl QuantArgs {
+    pub(crate) fn new(attrs: QuantAttrs) -> syn::Result<Self> {
+        let quant = attrs.quant.map(|variant| variant.0);
+        let checked = both(reference_given(attrs.reference), quant_known(quant));
+        let (reference, quant) = checked?;
+        Ok(QuantArgs {
+            reference,
+            quant,
+            name: attrs.name,
+        })
+    }
+}
+
+fn reference_given(reference: Option<ExprPath>) -> syn::Result<ExprPath> {
+    reference.ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing argument `reference`: `#[trace_quant]` compares the output with \
+             `reference = PATH`, a function taking the same arguments",
+        )
+    })
+}
+
+fn quant_known(quant: Option<Ident>) -> syn::Result<Option<Ident>> {
+    match quant {
         Some(variant) if !QUANT_TYPES.contains(&variant.to_string().as_str()) => {
             Err(syn::Error::new(
                 variant.span(),
@@ -98,17 +95,53 @@ fn check_quant(args: &Args) -> syn::Result<()> {
                 ),
             ))
         }
-        _ => Ok(()),
+        quant => Ok(quant),
     }
 }
 
-fn check_not_const(traced: &TracedFn) -> syn::Result<()> {
-    match &traced.func.sig.constness {
+/// The function shapes that `mac` cannot trace, checked whatever the arguments are, so that
+/// one expansion reports the mistakes of both.
+pub(crate) fn check_fn(mac: Macro, func: &FnParts) -> syn::Result<()> {
+    let mut errors = Errors::default();
+    errors.check(check_not_const(mac, func));
+    errors.check(check_not_async(mac, func));
+    errors.check(check_returns_value(mac, func));
+    errors.check(check_params_named(mac, func));
+    errors.finish()
+}
+
+impl InlineInput {
+    pub(crate) fn validate(&self) -> syn::Result<()> {
+        match &self.what {
+            Inline::Tensor(stage) => check_stage_not_reserved(stage),
+            Inline::Attention(_) | Inline::Logits(_) => Ok(()),
+        }
+    }
+}
+
+/// `input` and `output` are the layer's own, recorded by `#[trace_layer]`; the runtime would
+/// refuse them.
+fn check_stage_not_reserved(stage: &LitStr) -> syn::Result<()> {
+    let name = stage.value();
+    if RESERVED_STAGES.contains(&name.as_str()) {
+        return Err(syn::Error::new(
+            stage.span(),
+            format!(
+                "stage \"{name}\" is the layer's own {name}, which `#[trace_layer]` records; \
+                 give this tensor another name"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_not_const(mac: Macro, func: &FnParts) -> syn::Result<()> {
+    match &func.sig.constness {
         Some(constness) => Err(syn::Error::new(
             constness.span,
             format!(
                 "`{}` cannot trace a `const fn`: recording happens at run time",
-                traced.mac.display()
+                mac.display()
             ),
         )),
         None => Ok(()),
@@ -117,14 +150,14 @@ fn check_not_const(traced: &TracedFn) -> syn::Result<()> {
 
 /// Rejected rather than supported: a guard held across `.await` would move between threads
 /// while the session it records into is thread-local.
-fn check_not_async(traced: &TracedFn) -> syn::Result<()> {
-    match &traced.func.sig.asyncness {
+fn check_not_async(mac: Macro, func: &FnParts) -> syn::Result<()> {
+    match &func.sig.asyncness {
         Some(asyncness) => Err(syn::Error::new(
             asyncness.span,
             format!(
                 "`{}` does not support `async fn`: sessions are per thread; \
                  trace the synchronous forward functions the future calls",
-                traced.mac.display()
+                mac.display()
             ),
         )),
         None => Ok(()),
@@ -132,51 +165,37 @@ fn check_not_async(traced: &TracedFn) -> syn::Result<()> {
 }
 
 /// Attention, logits and quantization error are read from the return value.
-fn check_returns_value(traced: &TracedFn) -> syn::Result<()> {
-    let what = match traced.mac {
+fn check_returns_value(mac: Macro, func: &FnParts) -> syn::Result<()> {
+    let what = match mac {
         Macro::Attention => "attention probabilities",
         Macro::Logits => "logits",
         Macro::Quant => "output to compare with `reference`",
-        _ => return Ok(()),
+        Macro::Model | Macro::Layer | Macro::KvCache => return Ok(()),
     };
-    match traced.output {
+    match output(&func.sig.output) {
         Output::Nothing => Err(syn::Error::new(
-            traced.func.sig.ident.span(),
+            func.sig.ident.span(),
             format!(
                 "`{}` records the returned {what}, but this function returns nothing",
-                traced.mac.display()
+                mac.display()
             ),
         )),
         Output::Value { .. } => Ok(()),
     }
 }
 
-fn check_reference_given(traced: &TracedFn) -> syn::Result<()> {
-    if traced.mac == Macro::Quant && traced.args.reference().is_none() {
-        return Err(syn::Error::new(
-            Span::call_site(),
-            "missing argument `reference`: `#[trace_quant]` compares the output with \
-             `reference = PATH`, a function taking the same arguments",
-        ));
-    }
-    Ok(())
-}
-
 /// `reference` is called with the same arguments, so each must have a name to pass on.
-fn check_params_named(traced: &TracedFn) -> syn::Result<()> {
-    if traced.args.reference().is_none() {
+fn check_params_named(mac: Macro, func: &FnParts) -> syn::Result<()> {
+    if mac != Macro::Quant {
         return Ok(());
     }
     let mut errors = Errors::default();
-    for param in &traced.params {
-        if let Param::Unnamed(pat) = param {
+    for arg in &func.sig.inputs {
+        if let Param::Unnamed(pat) = param(arg) {
             errors.push(syn::Error::new(
                 pat.span(),
-                format!(
-                    "argument `{}` passes every parameter on, but this parameter has no name; \
-                     bind it to a name",
-                    Key::Reference.as_str()
-                ),
+                "argument `reference` passes every parameter on, but this parameter has no \
+                 name; bind it to a name",
             ));
         }
     }
