@@ -42,7 +42,10 @@ impl Linear {
 
     #[trace_quant(reference = Self::f32_version, quant = Q8_0)]
     fn forward(&self, x: &[f32]) -> Vec<f32> {
-        x.iter().zip(&self.weight).map(|(a, w)| a * w.round()).collect()
+        x.iter()
+            .zip(&self.weight)
+            .map(|(a, w)| a * w.round())
+            .collect()
     }
 }
 
