@@ -53,12 +53,9 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
         [ref_notes, other_notes],
     );
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+        crate::output::emit_json(&report)?;
     } else {
-        print!("{}", report.text(colors));
+        crate::output::emit(&report.text(colors))?;
     }
     Ok(if comparison.first_divergence().is_some() {
         Outcome::Diverged

@@ -75,7 +75,7 @@ pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
         }
         (None, true) => {}
     }
-    print!("{out}");
+    crate::output::emit(&out)?;
     Ok(Outcome::Ok)
 }
 

@@ -8,6 +8,7 @@
 mod diff;
 mod list;
 mod load;
+mod output;
 mod style;
 mod summary;
 
@@ -42,11 +43,15 @@ enum Command {
         /// The trace file.
         file: PathBuf,
     },
-    /// The tracer's summary (anomalies, attention, KV cache, quantization) and a per-layer
-    /// table of the layers' outputs.
+    /// The tracer's summary (anomalies, what the attention heads do, KV cache, quantization)
+    /// and a per-layer table of the layers' outputs, times and heads.
     Summary {
         /// The trace file.
         file: PathBuf,
+        /// Write the summary as JSON on stdout (header, tracer summary with the attention
+        /// analysis, per-layer table).
+        #[arg(long)]
+        json: bool,
     },
     /// Compare a trace with a reference: the first divergence in execution order, what differs
     /// there and by how much, and the error layer by layer.
@@ -122,7 +127,7 @@ fn main() -> ExitCode {
     });
     let result = match cli.command {
         Command::List { file } => list::run(&file, &colors),
-        Command::Summary { file } => summary::run(&file, &colors),
+        Command::Summary { file, json } => summary::run(&file, json, &colors),
         Command::Diff(args) => diff::run(&args, &colors),
     };
     match result {

@@ -1,19 +1,24 @@
 //! `model-trace summary FILE`: the tracer's summary, as the run that wrote the file would have
-//! printed it, and a table of the layers' outputs and times.
+//! printed it (with what the attention heads do), and a table of the layers' outputs, times and
+//! heads.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use trace_runtime::{Event, ModelTracer};
+use serde::Serialize;
+use trace_runtime::{
+    AttentionAnalysis, Event, ModelTracer, ModelTracerSummary, Specialization, TraceHeader,
+};
 
 use crate::load::{self, InputError};
 use crate::style::Colors;
 use crate::Outcome;
 
 /// One layer index over every pass.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize)]
 struct LayerRow {
+    layer: usize,
     calls: usize,
     mean_sum: f64,
     std_sum: f64,
@@ -21,9 +26,23 @@ struct LayerRow {
     max_abs: f32,
     non_finite: usize,
     duration_ns: u64,
+    /// Mean milliseconds per call.
+    ms_per_call: f64,
+    /// Its heads by specialization.
+    heads: BTreeMap<Specialization, usize>,
 }
 
-pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
+/// What `summary --json` prints.
+#[derive(Debug, Serialize)]
+struct SummaryReport<'a> {
+    file: &'a Path,
+    header: &'a TraceHeader,
+    summary: ModelTracerSummary,
+    layers: Vec<LayerRow>,
+    truncated: Option<&'a str>,
+}
+
+pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, InputError> {
     let mut tracer: Option<ModelTracer> = None;
     let mut layers: BTreeMap<usize, LayerRow> = BTreeMap::new();
     let (header, notes) = load::read(path, |header, event| {
@@ -45,41 +64,83 @@ pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
             .accept(&event);
     })?;
     let tracer = tracer.unwrap_or_else(|| ModelTracer::new(header.config.clone()));
+    let summary = tracer.summary();
+    for (&layer, row) in &mut layers {
+        row.layer = layer;
+        #[allow(clippy::cast_precision_loss)]
+        let n = row.calls.max(1) as f64;
+        row.mean_sum /= n;
+        row.std_sum /= n;
+        row.l2_sum /= n;
+        #[allow(clippy::cast_precision_loss)]
+        let ms = row.duration_ns as f64 / n / 1e6;
+        row.ms_per_call = ms;
+        row.heads = heads_of(&summary.attention, layer);
+    }
+    if json {
+        let report = SummaryReport {
+            file: path,
+            header: &header,
+            summary,
+            layers: layers.into_values().collect(),
+            truncated: notes.truncated.as_deref(),
+        };
+        crate::output::emit_json(&report)?;
+        return Ok(Outcome::Ok);
+    }
     let mut out = String::new();
     crate::list::describe_header(&mut out, path, &header, notes.bytes, colors)
         .map_err(|e| e.to_string())?;
-    let _ = writeln!(out, "{}", tracer.summary());
+    let _ = writeln!(out, "{summary}");
     if !layers.is_empty() {
         let _ = writeln!(
             out,
             "\n{}",
-            colors.bold("layer  calls  output mean    output std   max |x|      l2 norm      NaN/Inf  ms per call")
+            colors.bold("layer  calls  output mean    output std   max |x|      l2 norm      NaN/Inf  ms per call  heads")
         );
         for (layer, row) in &layers {
-            #[allow(clippy::cast_precision_loss)]
-            let n = row.calls.max(1) as f64;
             let non_finite = if row.non_finite > 0 {
                 colors.bad(&format!("{:>7}", row.non_finite))
             } else {
                 format!("{:>7}", 0)
             };
-            #[allow(clippy::cast_precision_loss)]
-            let ms = row.duration_ns as f64 / n / 1e6;
             let _ = writeln!(
                 out,
-                "{layer:>5}  {:>5}  {:>+12.5e}  {:>11.5e}  {:>11.5e}  {:>11.5e}  {non_finite}  {ms:>11.3}",
+                "{layer:>5}  {:>5}  {:>+12.5e}  {:>11.5e}  {:>11.5e}  {:>11.5e}  {non_finite}  {:>11.3}  {}",
                 row.calls,
-                row.mean_sum / n,
-                row.std_sum / n,
+                row.mean_sum,
+                row.std_sum,
                 row.max_abs,
-                row.l2_sum / n,
+                row.l2_sum,
+                row.ms_per_call,
+                describe_heads(&row.heads),
             );
         }
-        let _ = writeln!(out, "{}", colors.dim("(output statistics averaged over the passes; max |x| is the largest over them; times include tracing's own work)"));
+        let _ = writeln!(out, "{}", colors.dim("(output statistics averaged over the passes; max |x| is the largest over them; times include tracing's own work; heads by specialization, see the attention lines above)"));
     }
     if let Some(cut) = &notes.truncated {
         let _ = writeln!(out, "{}", colors.warn(&format!("cut short: {cut}")));
     }
-    print!("{out}");
+    crate::output::emit(&out)?;
     Ok(Outcome::Ok)
+}
+
+/// A layer's heads by specialization.
+fn heads_of(analysis: &AttentionAnalysis, layer: usize) -> BTreeMap<Specialization, usize> {
+    let mut heads = BTreeMap::new();
+    for head in analysis.heads.iter().filter(|h| h.layer == layer) {
+        *heads.entry(head.specialization).or_default() += 1;
+    }
+    heads
+}
+
+/// `7 sink, 2 mixed`: the commonest first.
+fn describe_heads(heads: &BTreeMap<Specialization, usize>) -> String {
+    let mut counted: Vec<(&Specialization, &usize)> = heads.iter().collect();
+    counted.sort_by_key(|&(s, n)| (std::cmp::Reverse(*n), *s));
+    counted
+        .iter()
+        .map(|(s, n)| format!("{n} {}", s.short_name()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

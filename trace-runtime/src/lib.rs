@@ -24,7 +24,7 @@ mod tensor;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use analysis::{compare, find_anomalies};
+pub use analysis::{analyze_attention, attention, compare, find_anomalies, AttentionAnalysis, AttentionAnalyzer, Specialization};
 pub use format::*;
 pub use record::*;
 pub use registry::*;

@@ -1,9 +1,11 @@
 //! Analyses over records: the anomaly rules of a forward pass, what a pass keeps to be judged
-//! when it ends, and the comparison of two traces.
+//! when it ends, what the attention heads do, and the comparison of two traces.
 
 mod anomaly;
+pub mod attention;
 pub mod compare;
 mod pass;
 
 pub use anomaly::find_anomalies;
+pub use attention::{analyze_attention, AttentionAnalysis, AttentionAnalyzer, Specialization};
 pub(crate) use pass::PassRecorder;

@@ -6,9 +6,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::ModelTracer;
-use crate::record::{
-    Anomaly, AttentionWeightTrace, QuantizationErrorTrace, ATTENTION_SINK_THRESHOLD,
-};
+use crate::analysis::attention::{AttentionAnalysis, AttentionAnalyzer};
+use crate::record::{Anomaly, AttentionWeightTrace, QuantizationErrorTrace};
 
 /// Totals over every record a tracer was given, kept or not.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -17,8 +16,7 @@ pub(super) struct Totals {
     max_layers: usize,
     anomalous_passes: usize,
     first_anomaly: Option<(usize, String)>,
-    attention_rows: usize,
-    attention_sinks: usize,
+    pub(super) attention: AttentionAnalyzer,
     pub(super) logit_traces: usize,
     quant: usize,
     quant_warnings: usize,
@@ -40,10 +38,7 @@ impl Totals {
     }
 
     pub(super) fn count_attention(&mut self, row: &AttentionWeightTrace) {
-        self.attention_rows += 1;
-        if row.is_attention_sink(ATTENTION_SINK_THRESHOLD) {
-            self.attention_sinks += 1;
-        }
+        self.attention.add(row);
     }
 
     pub(super) fn count_quant(&mut self, trace: &QuantizationErrorTrace) {
@@ -71,8 +66,8 @@ impl Totals {
             anomalies_detected: self.anomalous_passes,
             first_anomaly: self.first_anomaly.as_ref().map(|(_, d)| d.clone()),
             first_anomaly_position: self.first_anomaly.as_ref().map(|(p, _)| *p),
-            attention_traces: self.attention_rows,
-            attention_sinks: self.attention_sinks,
+            attention_traces: self.attention.rows(),
+            attention: self.attention.analysis(),
             logit_traces: self.logit_traces,
             kv_steps: kv.steps_seen,
             total_evictions: kv.total_evictions,
@@ -107,8 +102,8 @@ pub struct ModelTracerSummary {
     pub first_anomaly_position: Option<usize>,
     /// Attention rows recorded.
     pub attention_traces: usize,
-    /// Rows with at least `ATTENTION_SINK_THRESHOLD` weight on position 0.
-    pub attention_sinks: usize,
+    /// What the heads do, over every row (see [`crate::attention`] for the rules).
+    pub attention: AttentionAnalysis,
     /// Passes with a logit trace.
     pub logit_traces: usize,
     /// KV-cache steps recorded.
@@ -158,11 +153,12 @@ impl fmt::Display for ModelTracerSummary {
             }
         }
         writeln!(f)?;
-        writeln!(
-            f,
-            "  Attention traces: {} ({} attention sinks)",
-            self.attention_traces, self.attention_sinks
-        )?;
+        if self.attention_traces == 0 {
+            writeln!(f, "  Attention: none recorded")?;
+        } else {
+            let analysis = self.attention.to_string().replace('\n', "\n  ");
+            writeln!(f, "  Attention: {analysis}")?;
+        }
         writeln!(f, "  Logit traces: {}", self.logit_traces)?;
         writeln!(f, "  KV cache steps: {}", self.kv_steps)?;
         writeln!(f, "  KV evictions: {}", self.total_evictions)?;
