@@ -4,8 +4,9 @@
     python python/examples/smollm_reference.py --rust smollm.ndjson --out smollm-ref.ndjson
     model-trace diff smollm-ref.ndjson smollm.ndjson --rtol 0.1 --atol 0.05
 
-The prompt's token ids and the number of passes come from the Rust trace (`--rust`), so both
-sides run the same computation; the tokens each side chose are printed.
+The prompt's token ids, the number of passes and the token fed at each decode step come from
+the Rust trace (`--rust`), so both sides run the same computation even where they would choose
+different tokens; the tokens this side would choose are printed.
 """
 
 import argparse
@@ -30,10 +31,16 @@ def main() -> None:
     parser.add_argument("--capture", help="tensors to save in full (the Rust capture filter's syntax)")
     parser.add_argument("--models", default=os.environ.get("MODEL_TRACE_MODELS", os.path.expanduser("~/.cache/model-trace")))
     args = parser.parse_args()
+    # With --rust, every decode step is fed the token the Rust run chose (teacher forcing), so
+    # that each pass computes what the Rust pass computed even where a quantized port picks
+    # another token than the reference would.
+    forced = None
     if args.rust:
         header, events = model_trace.read_trace(args.rust)
         ids = json.loads(header["metadata"]["extra"]["prompt_ids"])
         passes = sum(1 for e in events if e["event"] == "pass_begin")
+        forced = [e["batch_rows"][0]["top_tokens"][0] for e in events
+                  if e["event"] == "logits" and e["tracepoint"] == "logits"]
     else:
         ids = [int(i) for i in args.ids.split(",")]
         passes = args.passes
@@ -53,8 +60,13 @@ def main() -> None:
             chosen.append(token)
             if len(chosen) == passes:
                 break
-            output = model(input_ids=torch.tensor([[token]]), past_key_values=output.past_key_values, use_cache=True)
+            fed = forced[len(chosen) - 1] if forced else token
+            output = model(input_ids=torch.tensor([[fed]]), past_key_values=output.past_key_values, use_cache=True)
     print("tokens:", chosen)
+    if forced and forced[:len(chosen)] != chosen:
+        step = next(i for i, (a, b) in enumerate(zip(forced, chosen)) if a != b)
+        print(f"the Rust run chose another token at pass {step} ({forced[step]} here {chosen[step]}); "
+              "its tokens were fed throughout")
 
 
 if __name__ == "__main__":

@@ -12,59 +12,90 @@ use trace_runtime::compare::{
 
 use crate::load::{self, InputError};
 use crate::style::Colors;
-use crate::{DiffArgs, Outcome, StatChoice};
+use crate::{CompareArgs, DiffArgs, Outcome, StatChoice};
 
 /// Unmatched tensors listed in the text output before "... and N more".
 const SHOWN_UNMATCHED: usize = 8;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
-    let options = options(args)?;
-    // The two files are read at once, one per core.
-    let (reference, other) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| tensors(&args.other));
-        let reference = tensors(&args.reference);
-        let other = other
-            .join()
-            .unwrap_or_else(|_| Err("reading the second file failed".to_owned()));
-        (reference, other)
-    });
-    let ((reference, ref_notes), (other, other_notes)) = (reference?, other?);
-    if reference.tensors.is_empty() {
-        return Err(format!(
-            "{}: no tensors to compare (no layer, attention or logits events)",
-            args.reference.display()
-        ));
-    }
-    let comparison = compare(&reference, &other, &options);
-    if comparison.pairs.is_empty() {
-        return Err(format!(
-            "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
-             (--map llama|bert|FILE renames them)",
-            args.other.display(),
-            args.reference.display()
-        ));
-    }
-    let report = Report::new(
-        args,
-        &reference,
-        &other,
-        &comparison,
-        &options,
-        [ref_notes, other_notes],
-    );
+    let diffed = Diffed::read(&args.reference, &args.other, &args.compare)?;
+    let report = diffed.report(args.pass);
     if args.json {
         crate::output::emit_json(&report)?;
     } else {
         crate::output::emit(&report.text(colors))?;
     }
-    Ok(if comparison.first_divergence().is_some() {
+    Ok(if diffed.comparison.first_divergence().is_some() {
         Outcome::Diverged
     } else {
         Outcome::Ok
     })
 }
 
-fn options(args: &DiffArgs) -> Result<CompareOptions, InputError> {
+/// Two traces read and compared.
+pub(crate) struct Diffed {
+    pub(crate) comparison: Comparison,
+    options: CompareOptions,
+    files: [FileInfo; 2],
+}
+
+impl Diffed {
+    /// Reads both files (one per core) and compares them.
+    pub(crate) fn read(
+        reference: &Path,
+        other: &Path,
+        args: &CompareArgs,
+    ) -> Result<Self, InputError> {
+        let options = options(args)?;
+        let (ref_tensors, other_tensors) = std::thread::scope(|scope| {
+            let read_other = scope.spawn(|| tensors(other));
+            let ref_tensors = tensors(reference);
+            let other_tensors = read_other
+                .join()
+                .unwrap_or_else(|_| Err("reading the second file failed".to_owned()));
+            (ref_tensors, other_tensors)
+        });
+        let ((ref_tensors, ref_notes), (other_tensors, other_notes)) =
+            (ref_tensors?, other_tensors?);
+        if ref_tensors.tensors.is_empty() {
+            return Err(format!(
+                "{}: no tensors to compare (no layer, attention or logits events)",
+                reference.display()
+            ));
+        }
+        let comparison = compare(&ref_tensors, &other_tensors, &options);
+        if comparison.pairs.is_empty() {
+            return Err(format!(
+                "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
+                 (--map llama|bert|FILE renames them)",
+                other.display(),
+                reference.display()
+            ));
+        }
+        let info = |path: &Path, trace: &TraceTensors, notes: load::ReadNotes| FileInfo {
+            path: path.display().to_string(),
+            writer: trace.header.writer.clone(),
+            tensors: trace.tensors.len(),
+            cut_short: notes.truncated,
+        };
+        Ok(Self {
+            files: [
+                info(reference, &ref_tensors, ref_notes),
+                info(other, &other_tensors, other_notes),
+            ],
+            comparison,
+            options,
+        })
+    }
+
+    /// What to report; the per-layer table is about `pass` (default: the first divergence's,
+    /// else the one with the largest error).
+    pub(crate) fn report(&self, pass: Option<usize>) -> Report<'_> {
+        Report::new(&self.files, &self.comparison, &self.options, pass)
+    }
+}
+
+fn options(args: &CompareArgs) -> Result<CompareOptions, InputError> {
     let mut options = CompareOptions {
         use_captures: !args.summaries_only,
         ..CompareOptions::default()
@@ -133,27 +164,27 @@ fn tensors(path: &Path) -> Result<(TraceTensors, load::ReadNotes), InputError> {
 
 /// What `diff` reports, as text or JSON.
 #[derive(Debug, Serialize)]
-struct Report<'a> {
-    reference: FileInfo,
-    other: FileInfo,
+pub(crate) struct Report<'a> {
+    reference: &'a FileInfo,
+    other: &'a FileInfo,
     tolerance: &'a trace_runtime::compare::Tolerances,
     compared: Counts,
     /// `{pass, layer, stage}` of the first divergence in the reference's execution order, with
     /// what differs there; `null` when nothing diverged.
-    first_divergence: Option<Divergence<'a>>,
+    pub(crate) first_divergence: Option<Divergence<'a>>,
     /// The pass the per-layer table is about.
-    table_pass: usize,
+    pub(crate) table_pass: usize,
     /// Per layer of that pass: the worst tensor.
     layers: Vec<LayerRow<'a>>,
     /// Per pass: the worst ratio and how many tensors diverged.
-    passes: Vec<PassRow>,
+    pub(crate) passes: Vec<PassRow>,
     missing: &'a [Unmatched],
     extra: &'a [Unmatched],
     warnings: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
-struct FileInfo {
+pub(crate) struct FileInfo {
     path: String,
     writer: String,
     tensors: usize,
@@ -170,10 +201,10 @@ struct Counts {
 }
 
 #[derive(Debug, Serialize)]
-struct Divergence<'a> {
-    pass: usize,
-    layer: usize,
-    stage: &'a str,
+pub(crate) struct Divergence<'a> {
+    pub(crate) pass: usize,
+    pub(crate) layer: usize,
+    pub(crate) stage: &'a str,
     seq: u64,
     #[serde(flatten)]
     detail: &'a TensorComparison,
@@ -187,28 +218,19 @@ struct LayerRow<'a> {
 }
 
 #[derive(Debug, Serialize)]
-struct PassRow {
-    pass: usize,
-    worst_ratio: f64,
-    diverged: usize,
+pub(crate) struct PassRow {
+    pub(crate) pass: usize,
+    pub(crate) worst_ratio: f64,
+    pub(crate) diverged: usize,
 }
 
 impl<'a> Report<'a> {
     fn new(
-        args: &DiffArgs,
-        reference: &TraceTensors,
-        other: &TraceTensors,
+        files: &'a [FileInfo; 2],
         comparison: &'a Comparison,
         options: &'a CompareOptions,
-        notes: [load::ReadNotes; 2],
+        pass: Option<usize>,
     ) -> Self {
-        let [ref_notes, other_notes] = notes;
-        let info = |path: &Path, trace: &TraceTensors, notes: load::ReadNotes| FileInfo {
-            path: path.display().to_string(),
-            writer: trace.header.writer.clone(),
-            tensors: trace.tensors.len(),
-            cut_short: notes.truncated,
-        };
         let first = comparison.first_divergence();
         let mut passes: BTreeMap<usize, PassRow> = BTreeMap::new();
         for pair in &comparison.pairs {
@@ -220,8 +242,7 @@ impl<'a> Report<'a> {
             row.worst_ratio = row.worst_ratio.max(ratio(pair));
             row.diverged += usize::from(pair.verdict.is_divergence());
         }
-        let table_pass = args
-            .pass
+        let table_pass = pass
             .or_else(|| first.map(|f| f.pass))
             .or_else(|| {
                 passes
@@ -244,8 +265,8 @@ impl<'a> Report<'a> {
             }
         }
         Report {
-            reference: info(&args.reference, reference, ref_notes),
-            other: info(&args.other, other, other_notes),
+            reference: &files[0],
+            other: &files[1],
             tolerance: &options.tolerances,
             compared: Counts {
                 matched: comparison.pairs.len(),
@@ -270,7 +291,7 @@ impl<'a> Report<'a> {
         }
     }
 
-    fn text(&self, colors: &Colors) -> String {
+    pub(crate) fn text(&self, colors: &Colors) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,

@@ -5,10 +5,12 @@
 
 #![forbid(unsafe_code)]
 
+mod chrome;
 mod diff;
 mod list;
 mod load;
 mod output;
+mod report;
 mod style;
 mod summary;
 
@@ -56,6 +58,20 @@ enum Command {
     /// Compare a trace with a reference: the first divergence in execution order, what differs
     /// there and by how much, and the error layer by layer.
     Diff(DiffArgs),
+    /// One self-contained HTML page of plots: each stage through the layers, the outputs
+    /// through the passes, the attention heads, logit evolution, quantization error, KV cache,
+    /// time, and with --against the error against a reference layer by layer.
+    Report(ReportArgs),
+    /// A timeline in the Chrome trace event format, for Perfetto (ui.perfetto.dev) or
+    /// chrome://tracing: passes and layers as nested spans per thread, anomalies as instants.
+    Chrome {
+        /// Trace files; sessions of one process (one file per thread) share a timeline.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The JSON file to write.
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+    },
 }
 
 /// Options of `diff`.
@@ -65,6 +81,39 @@ struct DiffArgs {
     reference: PathBuf,
     /// The trace compared with it.
     other: PathBuf,
+    #[command(flatten)]
+    compare: CompareArgs,
+    /// The pass whose per-layer table is shown (default: the first divergence's, else the
+    /// one with the largest error).
+    #[arg(long)]
+    pass: Option<usize>,
+    /// Write the result as JSON on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `report`.
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// The trace file.
+    file: PathBuf,
+    /// A reference trace to compare with (as `diff REF FILE` would).
+    #[arg(long, value_name = "REF")]
+    against: Option<PathBuf>,
+    /// The page to write (default: FILE with the extension .html).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    compare: CompareArgs,
+    /// With --against, the pass of the per-layer error curve (default: the first divergence's,
+    /// else the one with the largest error).
+    #[arg(long)]
+    pass: Option<usize>,
+}
+
+/// How two traces are compared (`diff`, `report --against`).
+#[derive(Debug, Args)]
+struct CompareArgs {
     /// Absolute tolerance, `VALUE` or `NAME:VALUE` for the tensors whose full name
     /// (`layer.3.mlp_out`, `layer.30.logits`) matches the glob NAME; repeatable, the last
     /// matching override wins. Default 1e-5.
@@ -88,13 +137,6 @@ struct DiffArgs {
     /// Compare summaries even where both tensors were captured in full.
     #[arg(long)]
     summaries_only: bool,
-    /// The pass whose per-layer table is shown (default: the first divergence's, else the
-    /// one with the largest error).
-    #[arg(long)]
-    pass: Option<usize>,
-    /// Write the result as JSON on stdout instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -129,6 +171,8 @@ fn main() -> ExitCode {
         Command::List { file } => list::run(&file, &colors),
         Command::Summary { file, json } => summary::run(&file, json, &colors),
         Command::Diff(args) => diff::run(&args, &colors),
+        Command::Report(args) => report::run(&args),
+        Command::Chrome { files, output } => chrome::run(&files, &output),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,

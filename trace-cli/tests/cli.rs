@@ -290,3 +290,138 @@ fn bad_input_exits_2_naming_the_file_and_line() {
         "clap's usage errors exit 2 too"
     );
 }
+
+/// The JSON a report page embeds.
+fn embedded_data(page: &str) -> serde_json::Value {
+    let start = page
+        .find(r#"<script type="application/json" id="report-data">"#)
+        .expect("the data element");
+    let rest = &page[start..];
+    let json = &rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()];
+    serde_json::from_str(json).expect("the embedded data is JSON")
+}
+
+#[test]
+fn report_is_one_page_with_its_data_and_the_diff() {
+    let dir = scratch("report");
+    let model = |reverse| Model {
+        scale: 1.0,
+        reverse,
+    };
+    let reference = write_trace(&dir, "reference.ndjson", &model(false), None);
+    let reversed = write_trace(&dir, "reversed.ndjson", &model(true), None);
+    let page = dir.join("page.html");
+    let (reference, reversed, page_arg) = (
+        reference.to_str().unwrap(),
+        reversed.to_str().unwrap(),
+        page.to_str().unwrap(),
+    );
+
+    let alone = run(&["report", reference, "-o", page_arg]);
+    assert_eq!(alone.status.code(), Some(0), "{}", text(&alone));
+    assert!(
+        text(&alone).contains("2 passes, 3 layers"),
+        "{}",
+        text(&alone)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    // self-contained: nothing is fetched (the SVG namespace URI is a name, not a request)
+    for outside in [
+        "<script src",
+        "<link",
+        "src=\"http",
+        "href=\"http",
+        "url(",
+        "@import",
+        "fetch(",
+    ] {
+        assert!(!html.contains(outside), "{outside} in the page");
+    }
+    let data = embedded_data(&html);
+    assert_eq!(data["passes"].as_array().unwrap().len(), 2);
+    assert_eq!(data["layers"], 3);
+    let stages: Vec<&str> = data["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    assert_eq!(stages, ["input", "attn_out", "mlp_out", "output"]);
+    assert!(data["diff"].is_null());
+    // [shown pass][layer][stage][4 statistics] as little-endian f32, base64
+    assert_eq!(
+        data["stats"].as_str().unwrap().len(),
+        (2 * 3 * 4 * 4 * 4usize).div_ceil(3) * 4
+    );
+
+    let against = run(&["report", reversed, "--against", reference, "-o", page_arg]);
+    assert_eq!(against.status.code(), Some(1), "{}", text(&against));
+    assert!(
+        text(&against).contains("first divergence from")
+            && text(&against).contains("pass 0, layer 1, mlp_out"),
+        "{}",
+        text(&against)
+    );
+    let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
+    let diff = &data["diff"];
+    assert_eq!(diff["first"]["layer"], 1);
+    assert_eq!(diff["curve_pass"], 0);
+    let mlp = diff["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|s| s == "mlp_out")
+        .unwrap();
+    let ratios = diff["ratios"][mlp].as_array().unwrap();
+    assert!(
+        ratios[0].as_f64().unwrap() <= 1.0 && ratios[1].as_f64().unwrap() > 1.0,
+        "{ratios:?}"
+    );
+
+    let missing = run(&["report", "/nonexistent/trace.ndjson"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing).contains("/nonexistent/trace.ndjson"),
+        "{}",
+        text(&missing)
+    );
+}
+
+#[test]
+fn report_data_cannot_close_its_script_element() {
+    let dir = scratch("report-escape");
+    let path = dir.join("t.ndjson");
+    let session = Session::builder(ModelTracerConfig::lightweight())
+        .trace_file(&path)
+        .metadata(model_trace::RunMetadata {
+            prompt: Some("</script><script>alert(1)</script>".to_owned()),
+            ..model_trace::RunMetadata::default()
+        })
+        .start()
+        .expect("the trace file can be created");
+    Model {
+        scale: 1.0,
+        reverse: false,
+    }
+    .forward(0);
+    session.finish();
+    let page = dir.join("t.html");
+    let out = run(&[
+        "report",
+        path.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(
+        html.matches("</script>").count(),
+        2,
+        "only the two script elements close"
+    );
+    let data = embedded_data(&html);
+    assert_eq!(
+        data["metadata"]["prompt"],
+        "</script><script>alert(1)</script>"
+    );
+}

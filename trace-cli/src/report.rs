@@ -1,0 +1,193 @@
+//! `model-trace report FILE [--against REF] -o report.html`: one self-contained HTML page
+//! (styles, script and data inlined; no network needed to view it) with plots of what the trace
+//! holds: each stage's statistics through the layers, the layer outputs through the passes, what
+//! the attention heads do, the logit evolution, quantization error, KV-cache use, time, and with
+//! `--against` the error against a reference layer by layer.
+
+mod collect;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::diff::Diffed;
+use crate::load::{self, InputError};
+use crate::style::Colors;
+use crate::{Outcome, ReportArgs};
+
+const PAGE: &str = include_str!("report/page.html");
+const CSS: &str = include_str!("report/page.css");
+const JS: &str = include_str!("report/page.js");
+
+/// The comparison with a reference, as the page shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct DiffData {
+    reference: String,
+    /// `diff`'s text output.
+    text: String,
+    first: Option<FirstDivergence>,
+    /// The pass of the per-layer curves.
+    curve_pass: usize,
+    /// Tensor names with a curve: the stages, then `attention` and `logits`.
+    stages: Vec<String>,
+    /// `[stage][layer]`: `difference / allowed` in `curve_pass` (null where not compared).
+    ratios: Vec<Vec<Option<f64>>>,
+    passes: Vec<PassRatio>,
+}
+
+#[derive(Debug, Serialize)]
+struct FirstDivergence {
+    pass: usize,
+    layer: usize,
+    stage: String,
+}
+
+#[derive(Debug, Serialize)]
+struct PassRatio {
+    pass: usize,
+    worst_ratio: f64,
+    diverged: usize,
+}
+
+/// A shape mismatch's infinite ratio, drawn at the top of the log scale.
+const INFINITE_RATIO: f64 = 1e12;
+
+pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| args.file.with_extension("html"));
+    let mut collector = None;
+    let (_, notes) = load::read(&args.file, |header, event| {
+        collector
+            .get_or_insert_with(|| collect::Collector::new(header))
+            .accept(event);
+    })?;
+    let Some(collector) = collector else {
+        return Err(format!(
+            "{}: no events after the header: nothing to report",
+            args.file.display()
+        ));
+    };
+    let mut data = collector.finish(
+        args.file.display().to_string(),
+        notes.bytes,
+        notes.truncated,
+    );
+    let mut outcome = Outcome::Ok;
+    if let Some(reference) = &args.against {
+        let diffed = Diffed::read(reference, &args.file, &args.compare)?;
+        if diffed.comparison.first_divergence().is_some() {
+            outcome = Outcome::Diverged;
+        }
+        data.diff = Some(diff_data(reference, &diffed, args.pass));
+    }
+    let html = page(&data)?;
+    write_atomically(&output, html.as_bytes())?;
+    let mut said = format!(
+        "wrote {} ({}): {} passes, {} layers",
+        output.display(),
+        load::megabytes(html.len() as u64),
+        data.passes.len(),
+        data.layers
+    );
+    if let Some(diff) = &data.diff {
+        match &diff.first {
+            Some(f) => said.push_str(&format!(
+                "; first divergence from {}: pass {}, layer {}, {}",
+                diff.reference, f.pass, f.layer, f.stage
+            )),
+            None => said.push_str(&format!("; no divergence from {}", diff.reference)),
+        }
+    }
+    said.push('\n');
+    crate::output::emit(&said)?;
+    Ok(outcome)
+}
+
+fn diff_data(reference: &Path, diffed: &Diffed, pass: Option<usize>) -> DiffData {
+    let report = diffed.report(pass);
+    let curve_pass = report.table_pass;
+    let mut stages: Vec<String> = Vec::new();
+    let mut ratios: Vec<Vec<Option<f64>>> = Vec::new();
+    for pair in diffed
+        .comparison
+        .pairs
+        .iter()
+        .filter(|p| p.pass == curve_pass)
+    {
+        let at = match stages.iter().position(|s| *s == pair.name) {
+            Some(at) => at,
+            None => {
+                stages.push(pair.name.clone());
+                ratios.push(Vec::new());
+                stages.len() - 1
+            }
+        };
+        let row = &mut ratios[at];
+        if row.len() <= pair.layer {
+            row.resize(pair.layer + 1, None);
+        }
+        let ratio = pair.worst_ratio();
+        row[pair.layer] = Some(if ratio.is_finite() {
+            ratio
+        } else {
+            INFINITE_RATIO
+        });
+    }
+    DiffData {
+        reference: reference.display().to_string(),
+        text: report.text(&Colors::new(Some(false))),
+        first: report.first_divergence.as_ref().map(|f| FirstDivergence {
+            pass: f.pass,
+            layer: f.layer,
+            stage: f.stage.to_owned(),
+        }),
+        curve_pass,
+        stages,
+        ratios,
+        passes: report
+            .passes
+            .iter()
+            .map(|p| PassRatio {
+                pass: p.pass,
+                worst_ratio: p.worst_ratio.min(INFINITE_RATIO),
+                diverged: p.diverged,
+            })
+            .collect(),
+    }
+}
+
+/// The page: the template with the styles, the script and the data (as JSON that cannot close
+/// its `<script>` element) filled in.
+fn page(data: &collect::ReportData) -> Result<String, InputError> {
+    let json = serde_json::to_string(data).map_err(|e| format!("the report's data: {e}"))?;
+    // `</` inside a script element would end it; `<\/` is the same JSON string.
+    let json = json.replace("</", "<\\/");
+    let generator = format!("model-trace {}", env!("CARGO_PKG_VERSION"));
+    Ok(PAGE
+        .replace("{{TITLE}}", &escape_html(&data.title))
+        .replace("{{GENERATOR}}", &generator)
+        .replace("{{CSS}}", CSS)
+        .replace("{{JS}}", JS)
+        .replace("{{DATA}}", &json))
+}
+
+fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Writes to `path.partial` then renames, so that a failure leaves no half page.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), InputError> {
+    let mut partial: PathBuf = path.to_path_buf();
+    partial.as_mut_os_string().push(".partial");
+    std::fs::write(&partial, bytes)
+        .and_then(|()| std::fs::rename(&partial, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            format!("writing {}: {e}", path.display())
+        })
+}
