@@ -147,19 +147,16 @@ fn options(args: &CompareArgs) -> Result<CompareOptions, InputError> {
     Ok(options)
 }
 
+/// The tensors of a file, each event reduced to them as it is read.
 fn tensors(path: &Path) -> Result<(TraceTensors, load::ReadNotes), InputError> {
-    let mut events = Vec::new();
-    let (header, notes) = load::read(path, |_, event| {
-        if matches!(
-            event,
-            trace_runtime::Event::Layer(_)
-                | trace_runtime::Event::Attention(_)
-                | trace_runtime::Event::Logits(_)
-        ) {
-            events.push(event);
-        }
+    let mut tensors: Option<TraceTensors> = None;
+    let (header, notes) = load::read(path, |header, event| {
+        tensors
+            .get_or_insert_with(|| TraceTensors::new(header.clone(), Some(path)))
+            .push(event);
     })?;
-    Ok((TraceTensors::from_events(header, Some(path), events), notes))
+    let tensors = tensors.unwrap_or_else(|| TraceTensors::new(header, Some(path)));
+    Ok((tensors.finish(), notes))
 }
 
 /// What `diff` reports, as text or JSON.

@@ -88,41 +88,16 @@ impl TraceTensors {
         path: Option<&Path>,
         events: impl IntoIterator<Item = Event>,
     ) -> Self {
-        let mut tensors = Vec::new();
+        let mut tensors = Self::new(header, path);
         for event in events {
-            match event {
-                Event::Layer(layer) => {
-                    for stage in layer.stages {
-                        tensors.push(TracedTensor {
-                            seq: stage.seq,
-                            pass: layer.pass,
-                            layer: layer.layer,
-                            name: stage.name.into_owned(),
-                            kind: TensorKind::Stage,
-                            tensor: stage.tensor,
-                        });
-                    }
-                }
-                Event::Attention(attention) => tensors.push(TracedTensor {
-                    seq: attention.seq,
-                    pass: attention.pass.unwrap_or(0),
-                    layer: attention.layer,
-                    name: "attention".to_owned(),
-                    kind: TensorKind::Attention,
-                    tensor: attention.probs,
-                }),
-                Event::Logits(logits) => tensors.push(TracedTensor {
-                    seq: logits.seq,
-                    pass: logits.pass,
-                    layer: logits.layer,
-                    name: "logits".to_owned(),
-                    kind: TensorKind::Logits,
-                    tensor: logits.logits,
-                }),
-                _ => {}
-            }
+            tensors.push(event);
         }
-        tensors.sort_by_key(|t| t.seq);
+        tensors.finish()
+    }
+
+    /// No tensors yet: [`push`](Self::push) the events as they are read (keeping only what
+    /// comparisons need of each), then [`finish`](Self::finish).
+    pub fn new(header: TraceHeader, path: Option<&Path>) -> Self {
         let stats_precision = header
             .metadata
             .extra
@@ -132,9 +107,51 @@ impl TraceTensors {
         Self {
             header,
             path: path.map(Path::to_path_buf),
-            tensors,
+            tensors: Vec::new(),
             stats_precision,
         }
+    }
+
+    /// Takes the tensors of one event; other events are ignored.
+    pub fn push(&mut self, event: Event) {
+        match event {
+            Event::Layer(layer) => {
+                for stage in layer.stages {
+                    self.tensors.push(TracedTensor {
+                        seq: stage.seq,
+                        pass: layer.pass,
+                        layer: layer.layer,
+                        name: stage.name.into_owned(),
+                        kind: TensorKind::Stage,
+                        tensor: stage.tensor,
+                    });
+                }
+            }
+            Event::Attention(attention) => self.tensors.push(TracedTensor {
+                seq: attention.seq,
+                pass: attention.pass.unwrap_or(0),
+                layer: attention.layer,
+                name: "attention".to_owned(),
+                kind: TensorKind::Attention,
+                tensor: attention.probs,
+            }),
+            Event::Logits(logits) => self.tensors.push(TracedTensor {
+                seq: logits.seq,
+                pass: logits.pass,
+                layer: logits.layer,
+                name: "logits".to_owned(),
+                kind: TensorKind::Logits,
+                tensor: logits.logits,
+            }),
+            _ => {}
+        }
+    }
+
+    /// Puts the tensors in execution order.
+    #[must_use]
+    pub fn finish(mut self) -> Self {
+        self.tensors.sort_by_key(|t| t.seq);
+        self
     }
 }
 
