@@ -34,6 +34,15 @@ def dtype_name(dtype: Any) -> str:
     return _DTYPE_NAMES.get(text, text)
 
 
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
 class CaptureWriter:
     """Saves full tensors as ``STEM.tensors-NNNN.safetensors`` beside the trace, one chunk at a
     time, each written to a temporary name and renamed."""
@@ -66,6 +75,9 @@ class CaptureWriter:
         final = os.path.join(self.directory, self._name())
         partial = os.path.join(self.directory, f".{self._name()}.partial")
         save_file(self.pending, partial, metadata={"format": "pt", "writer": f"model-trace-python {__version__}"})
+        # safetensors creates the file readable by its owner only; a capture is shared like the
+        # trace file beside it, with the usual permissions.
+        os.chmod(partial, 0o666 & ~_UMASK)
         os.replace(partial, final)
         self.pending, self.pending_bytes = {}, 0
         self.chunk += 1
