@@ -421,7 +421,9 @@ impl Mean {
     }
 }
 
-/// Running sums of one head.
+/// Running sums of one head. Its histograms, like the layer's, are `BTreeMap`s: they are
+/// serialized, and a `HashMap`'s order changes from process to process, so two tracers holding the
+/// same records would serialize differently.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct HeadSums {
     rows: usize,
@@ -432,7 +434,7 @@ struct HeadSums {
     uniform: Mean,
     previous: Mean,
     local: Mean,
-    offsets: HashMap<i64, usize>,
+    offsets: BTreeMap<i64, usize>,
     /// The previous row's heaviest key elsewhere, if that row was judged.
     last_elsewhere: Option<Option<usize>>,
 }
@@ -443,9 +445,9 @@ struct LayerSums {
     /// Its heads.
     heads: BTreeMap<usize, HeadSums>,
     judged: usize,
-    offsets: HashMap<i64, usize>,
+    offsets: BTreeMap<i64, usize>,
     /// Judged rows keeping each key with weight ≥ `COLUMN_WEIGHT`.
-    columns: HashMap<usize, usize>,
+    columns: BTreeMap<usize, usize>,
     /// Judged rows by the number of keys they could see.
     visible: BTreeMap<usize, usize>,
     blocks: usize,
@@ -644,7 +646,7 @@ fn add_overlaps(layer: &mut LayerSums, group: &BTreeMap<usize, KeptRow>) {
 }
 
 /// The most common entry of a histogram, ties to the smallest |offset|.
-fn most_common(offsets: &HashMap<i64, usize>) -> Option<(i64, usize)> {
+fn most_common(offsets: &BTreeMap<i64, usize>) -> Option<(i64, usize)> {
     offsets
         .iter()
         .map(|(&o, &n)| (o, n))
@@ -987,5 +989,22 @@ mod tests {
         );
         assert!(text.contains("previous-token: 1 head: L2.H7"), "{text}");
         assert_eq!(ranges(&[1, 2, 3, 5, 7, 8]), "1-3, 5, 7-8");
+    }
+
+    #[test]
+    fn analyzers_of_the_same_rows_serialize_alike() {
+        // Many distinct offsets and columns: a histogram in a `HashMap` would serialize them in
+        // an order of its own in each analyzer.
+        let rows = head(0, 0, 40, |q| one_hot((q * 7) % (q + 1), q + 1));
+        let json = || {
+            let mut analyzer = AttentionAnalyzer::default();
+            rows.iter().for_each(|row| analyzer.add(row));
+            analyzer.end_group();
+            serde_json::to_string(&analyzer).unwrap()
+        };
+        let first = json();
+        for _ in 0..8 {
+            assert_eq!(json(), first);
+        }
     }
 }
