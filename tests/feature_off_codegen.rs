@@ -2,7 +2,10 @@
 //! and the same crate with them blanked (same line numbers) compile to the same `.text`.
 //!
 //! Both builds happen at the same path with the same package name, so symbol hashes and
-//! metadata agree and only the source differs. Compiled in, the test is moot and skipped.
+//! metadata agree and only the source differs. The crate lives in this test's scratch directory
+//! (under the target directory, wherever `CARGO_TARGET_DIR` puts it) and resolves its
+//! dependencies from a copy of the workspace's `Cargo.lock`, so it builds the versions the
+//! workspace tests rather than whatever is newest. Compiled in, the test is moot and skipped.
 #![cfg(not(feature = "enabled"))]
 
 use std::path::{Path, PathBuf};
@@ -57,9 +60,11 @@ fn text_section(dir: &Path, source: &str) -> Vec<u8> {
 #[test]
 fn annotations_compile_to_nothing_when_tracing_is_off() {
     let facade = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = facade.join("target/codegen-off");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("codegen-off");
     std::fs::create_dir_all(dir.join("src")).expect("create fixture crate");
     std::fs::write(dir.join("Cargo.toml"), manifest(&facade)).expect("write manifest");
+    // Copied every run: cargo prunes the copy to this crate's packages, keeping their versions.
+    std::fs::copy(facade.join("Cargo.lock"), dir.join("Cargo.lock")).expect("copy lock file");
 
     let blanked = blank_annotations(FIXTURE);
     assert_eq!(blanked.lines().count(), FIXTURE.lines().count());

@@ -27,8 +27,9 @@ fn generated_code_passes_pedantic_clippy() {
     }
 }
 
-/// Copies the fixture under target/ so that its lock file and build stay out of the sources;
-/// the workspace's lock file pins the same dependency versions.
+/// Copies the fixture into this test's scratch directory under the target directory (wherever
+/// `CARGO_TARGET_DIR` puts it), so that its lock file and build stay out of the sources, with
+/// the workspace's lock file, so that it builds the dependency versions the workspace tests.
 fn copy_fixture() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dest = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lint-fixture");
@@ -40,9 +41,9 @@ fn copy_fixture() -> PathBuf {
     write_if_changed(&dest.join("Cargo.toml"), &manifest);
     let lib = fs::read_to_string(source.join("src/lib.rs")).expect("read fixture source");
     write_if_changed(&dest.join("src/lib.rs"), &lib);
-    if !dest.join("Cargo.lock").exists() {
-        fs::copy(root.join("Cargo.lock"), dest.join("Cargo.lock")).expect("copy lock file");
-    }
+    // Copied every run, not only the first: a lock file left by an earlier run would keep the
+    // fixture on the versions of back then. Cargo prunes the copy to the fixture's packages.
+    fs::copy(root.join("Cargo.lock"), dest.join("Cargo.lock")).expect("copy lock file");
     dest
 }
 
