@@ -22,10 +22,20 @@
 //! differences measured here; steps of different configurations a fraction of a second apart
 //! see the same drift, so the ratio of each step's time to the untraced step of the same turn
 //! cancels it. The table gives, per configuration, the median over all turns of that ratio with
-//! a 95% confidence interval of the median (distribution-free, from order statistics), and the
-//! median step time. Every configuration must choose the same tokens as the untraced build, or
-//! the benchmark fails. Rayon runs one thread (`RAYON_NUM_THREADS=1`) unless the variable is
-//! already set: with two workers' threads competing for the cores, scheduling would dominate.
+//! a 95% confidence interval, and the median step time. The interval comes from a bootstrap over
+//! rounds, not turns: the turns of one round share their worker processes (each with its own
+//! memory layout and placement), so a round's ratios can sit together away from another
+//! round's, and treating them as independent would give an interval far too narrow. Each
+//! resample draws whole rounds with replacement and takes the median of their ratios; the
+//! interval is the 2.5th to 97.5th percentile of those medians. It needs at least 2 rounds and
+//! is rough below about 10 (the default is 10 rounds of 24 steps). Every configuration must
+//! choose the same tokens as the untraced build, or the benchmark fails. Rayon runs one thread
+//! (`RAYON_NUM_THREADS=1`) unless the variable is already set: with two workers' threads
+//! competing for the cores, scheduling would dominate.
+//!
+//! `--profile dev` builds in Cargo's dev profile instead of release: quick to build, for checking
+//! that the benchmark still runs (`scripts/test` runs `--rounds 1 --tokens 2 --profile dev`); its
+//! figures mean nothing.
 //!
 //! With `--memory` it measures peak memory instead: each configuration's worker decodes 200
 //! and then 1,000 tokens under `/usr/bin/time -v`, and the table gives the peak resident set
@@ -44,8 +54,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 
-const USAGE: &str =
-    "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] [--instructions | --memory]";
+const USAGE: &str = "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] \
+                     [--profile release|dev] [--instructions | --memory]";
+
+/// Bootstrap resamples of the rounds behind each interval.
+const RESAMPLES: usize = 4000;
 
 /// Decode lengths of the `--memory` runs.
 const MEMORY_TOKENS: [usize; 2] = [200, 1000];
@@ -54,6 +67,8 @@ struct Args {
     rounds: usize,
     tokens: usize,
     prompt: String,
+    /// Cargo profile of the builds measured.
+    profile: String,
     /// Count instructions under cachegrind instead of timing.
     instructions: bool,
     /// Measure peak memory instead of timing.
@@ -132,9 +147,10 @@ fn main() -> ExitCode {
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
-        rounds: 4,
-        tokens: 48,
+        rounds: 10,
+        tokens: 24,
         prompt: "The capital of France is".to_owned(),
+        profile: "release".to_owned(),
         instructions: false,
         memory: false,
     };
@@ -144,6 +160,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--rounds" => parsed.rounds = parse_count(&flag, &value()?)?,
             "--tokens" => parsed.tokens = parse_count(&flag, &value()?)?,
             "--prompt" => parsed.prompt = value()?,
+            "--profile" => parsed.profile = value()?,
             "--instructions" => parsed.instructions = true,
             "--memory" => parsed.memory = true,
             other => return Err(format!("unknown argument {other:?}")),
@@ -172,8 +189,8 @@ fn run(args: &Args) -> Result<(), String> {
     let bench_dir = target_dir.join("bench_decode");
     std::fs::create_dir_all(&bench_dir)
         .map_err(|e| format!("cannot create {}: {e}", bench_dir.display()))?;
-    let untraced = build(&workspace, &target_dir, &bench_dir, false)?;
-    let traced = build(&workspace, &target_dir, &bench_dir, true)?;
+    let untraced = build(&workspace, &target_dir, &bench_dir, &args.profile, false)?;
+    let traced = build(&workspace, &target_dir, &bench_dir, &args.profile, true)?;
     let builds = [untraced, traced];
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".to_owned());
     if args.instructions {
@@ -234,46 +251,77 @@ fn time_in_lockstep(builds: &[Build; 2], args: &Args, threads: &str) -> Result<(
             .collect();
         eprintln!("round {round}: median ms/step {}", medians.join(" / "));
     }
-    print_ratio_table(&times);
+    print_ratio_table(&times, args.tokens);
     Ok(())
 }
 
-fn print_ratio_table(times: &StepTimes) {
+/// The table of step-time ratios; `times[config]` holds `tokens` turns per round, round after
+/// round.
+fn print_ratio_table(times: &StepTimes, tokens: usize) {
     let untraced = &times[0];
+    let rounds = untraced.len() / tokens;
     println!(
         "\n| configuration | median ms/token | step time vs untraced (median) | 95% CI |\n\
          |---|---:|---:|---:|"
     );
     for (config, steps) in CONFIGS.iter().zip(times) {
-        let mut ratios: Vec<f64> = steps.iter().zip(untraced).map(|(t, u)| t / u).collect();
-        ratios.sort_by(f64::total_cmp);
-        let (low, high) = median_interval(&ratios);
+        let ratios: Vec<f64> = steps.iter().zip(untraced).map(|(t, u)| t / u).collect();
+        let by_round: Vec<&[f64]> = ratios.chunks(tokens).collect();
         let percent = |ratio: f64| (ratio - 1.0) * 100.0;
+        let interval = match round_bootstrap_interval(&by_round, RESAMPLES) {
+            Some((low, high)) => format!("{:+.2}% .. {:+.2}%", percent(low), percent(high)),
+            None => "n/a (1 round)".to_owned(),
+        };
         println!(
-            "| {} | {:.1} | {:+.2}% | {:+.2}% .. {:+.2}% |",
+            "| {} | {:.1} | {:+.2}% | {interval} |",
             config.label,
             median(steps),
             percent(median(&ratios)),
-            percent(low),
-            percent(high)
         );
     }
-    println!("({} turns per configuration)", untraced.len());
+    let rough = if rounds < 10 {
+        "; with fewer than 10 rounds it is rough"
+    } else {
+        ""
+    };
+    println!(
+        "({rounds} round(s) of {tokens} turns per configuration. The turns of a round share its \
+         processes and are not independent, so the 95% interval resamples whole rounds: a \
+         bootstrap of {RESAMPLES} resamples over the rounds, which needs 2 rounds or more{rough}.)"
+    );
 }
 
-/// A 95% confidence interval of the median of `sorted`: the order statistics at ranks
-/// `n/2 ± 0.98 √n` (the normal approximation of the binomial count of values below the median).
-fn median_interval(sorted: &[f64]) -> (f64, f64) {
-    let n = sorted.len() as f64;
-    if sorted.is_empty() {
-        return (f64::NAN, f64::NAN);
+/// A 95% interval of the median of all values, from a bootstrap over `rounds`: each resample
+/// draws as many rounds as there are, with replacement, and takes the median of their values
+/// pooled; the interval runs from the 2.5th to the 97.5th percentile of those medians. `None`
+/// with fewer than 2 rounds, where nothing varies. The draws are seeded, so a table repeats.
+fn round_bootstrap_interval(rounds: &[&[f64]], resamples: usize) -> Option<(f64, f64)> {
+    if rounds.len() < 2 || resamples == 0 {
+        return None;
     }
-    let half_width = 0.98 * n.sqrt();
-    let rank = |r: f64| sorted[(r.max(0.0) as usize).min(sorted.len() - 1)];
-    (
-        rank((n / 2.0 - half_width).floor()),
-        rank((n / 2.0 + half_width).ceil()),
-    )
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut draw = || {
+        // splitmix64
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut pooled = Vec::new();
+    let mut medians: Vec<f64> = (0..resamples)
+        .map(|_| {
+            pooled.clear();
+            for _ in 0..rounds.len() {
+                let pick = (draw() % rounds.len() as u64) as usize;
+                pooled.extend_from_slice(rounds[pick]);
+            }
+            median(&pooled)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    let at = |q: f64| medians[((q * (resamples - 1) as f64).round() as usize).min(resamples - 1)];
+    Some((at(0.025), at(0.975)))
 }
 
 /// The environment of a configuration's process: one Rayon thread setting, no filter from the
@@ -560,12 +608,13 @@ struct Build {
     dir: PathBuf,
 }
 
-/// `cargo build --release -p smollm --bins [--features trace]`, the binaries copied into
+/// `cargo build --profile PROFILE -p smollm --bins [--features trace]`, the binaries copied into
 /// `bench_dir` (suffixed `-traced` or `-untraced`) so the other build does not overwrite them.
 fn build(
     workspace: &Path,
     target_dir: &Path,
     bench_dir: &Path,
+    profile: &str,
     traced: bool,
 ) -> Result<Build, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -573,7 +622,7 @@ fn build(
     command
         .current_dir(workspace)
         .env("CARGO_TARGET_DIR", target_dir)
-        .args(["build", "--release", "-p", "smollm"])
+        .args(["build", "--profile", profile, "-p", "smollm"])
         .args(["--bin", "smollm", "--bin", "decode_worker"]);
     if traced {
         command.args(["--features", "trace"]);
@@ -588,7 +637,14 @@ fn build(
     let suffix = if traced { "traced" } else { "untraced" };
     let copy = |name: &str| -> Result<PathBuf, String> {
         let exe = std::env::consts::EXE_SUFFIX;
-        let built = target_dir.join("release").join(format!("{name}{exe}"));
+        // Cargo's output directory: `debug` for dev and test, `release` for release and bench,
+        // a custom profile's name for it.
+        let profile_dir = match profile {
+            "dev" | "test" => "debug",
+            "bench" => "release",
+            other => other,
+        };
+        let built = target_dir.join(profile_dir).join(format!("{name}{exe}"));
         let copy = bench_dir.join(format!("{name}-{suffix}{exe}"));
         std::fs::copy(&built, &copy)
             .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), copy.display()))?;
@@ -663,16 +719,33 @@ fn median(values: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_steps, median, median_interval};
+    use super::{decode_steps, median, round_bootstrap_interval};
 
     #[test]
-    fn median_interval_brackets_the_median() {
-        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
-        let (low, high) = median_interval(&sorted);
-        // ranks 50 ± 0.98·10, i.e. the 41st and 61st smallest values.
-        assert_eq!((low, high), (41.0, 61.0));
-        assert!(low < median(&sorted) && median(&sorted) < high);
-        assert_eq!(median_interval(&[2.0]), (2.0, 2.0));
+    fn round_bootstrap_brackets_the_median_and_needs_two_rounds() {
+        let rounds: Vec<Vec<f64>> = (0..12)
+            .map(|r| {
+                (0..8)
+                    .map(|t| 1.0 + f64::from(r) * 0.01 + f64::from(t) * 1e-4)
+                    .collect()
+            })
+            .collect();
+        let slices: Vec<&[f64]> = rounds.iter().map(Vec::as_slice).collect();
+        let pooled: Vec<f64> = rounds.concat();
+        let (low, high) = round_bootstrap_interval(&slices, 2000).expect("12 rounds");
+        assert!(low < median(&pooled) && median(&pooled) < high);
+        assert_eq!(round_bootstrap_interval(&slices[..1], 2000), None);
+    }
+
+    #[test]
+    fn round_bootstrap_is_wide_when_rounds_disagree() {
+        // Two rounds far apart, tight inside: the turns alone would give a narrow interval
+        // around the pooled median; rounds drawn whole span both.
+        let low_round = [1.00, 1.001, 1.002, 1.003];
+        let high_round = [1.10, 1.101, 1.102, 1.103];
+        let (low, high) =
+            round_bootstrap_interval(&[&low_round[..], &high_round[..]], 2000).expect("2 rounds");
+        assert!(low <= 1.003 && high >= 1.10, "{low} .. {high}");
     }
 
     #[test]
