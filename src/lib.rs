@@ -106,6 +106,8 @@
 //! }
 //!
 //! let model = Model { blocks: vec![Block { gain: 0.5 }, Block { gain: 0.25 }] };
+//! # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+//! # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 //! let session = Session::start(ModelTracerConfig::full()); // this thread only
 //! let logits = model.forward(&[0.5, -1.0, 2.0, 0.1], 0);
 //! let tracer = session.finish();
@@ -214,6 +216,8 @@ pub use trace_runtime::*;
 ///     block(&block(tokens))
 /// }
 ///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// decode(&[1.0, 2.0], 7);
 /// let tracer = session.finish();
@@ -254,6 +258,8 @@ pub use trace_macros::trace_model;
 /// }
 ///
 /// let block = Block { index: 3, weight: vec![2.0, 2.0] };
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// block.forward(&[1.0, 2.0]).unwrap();
 /// let tracer = session.finish();
@@ -286,6 +292,8 @@ pub use trace_macros::trace_layer;
 ///     TensorRef::new(probs, shape).ok()
 /// }
 ///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::full());
 /// attention(&[0.7, 0.2, 0.1, 0.1, 0.1, 0.8], &[2, 1, 3]);
 /// let tracer = session.finish();
@@ -319,6 +327,8 @@ pub use trace_macros::trace_attention;
 ///
 /// let mut config = ModelTracerConfig::full();
 /// config.tracked_tokens = Some(vec![2]);
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(config);
 /// lm_head(&[0.1, 0.3, 0.2]);
 /// let tracer = session.finish();
@@ -358,6 +368,8 @@ pub use trace_macros::trace_logits;
 /// }
 ///
 /// let mut cache = KvCache { keys: Vec::new(), max_len: 8 };
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// cache.append([0.0; 4]);
 /// cache.append([1.0; 4]);
@@ -404,6 +416,8 @@ pub use trace_macros::trace_kv_cache;
 /// }
 ///
 /// let linear = Linear { weight: vec![0.3, -0.7, 0.05] };
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::full());
 /// linear.forward(&[1.0, 1.0, 1.0]);
 /// let tracer = session.finish();
@@ -438,6 +452,8 @@ pub use trace_macros::trace_quant;
 ///     gate
 /// }
 ///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// block(&[2.0, -4.0]);
 /// let tracer = session.finish();
@@ -466,6 +482,8 @@ pub use trace_macros::trace_tensor;
 ///     x.to_vec()
 /// }
 ///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::full());
 /// block(&[1.0]);
 /// let tracer = session.finish();
@@ -486,6 +504,8 @@ pub use trace_macros::trace_attention_value;
 ///     trace_logits_value!(&logits, layer = layer);
 /// }
 ///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
 /// let session = Session::start(ModelTracerConfig::full());
 /// early_exit(&[0.2, 0.1], 4);
 /// let tracer = session.finish();

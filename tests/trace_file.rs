@@ -3,7 +3,7 @@
 //! a full disk, an unwritable path, a panic, two threads) is reported, never lost silently.
 //!
 //! Nothing here reads the caller's environment except the one test of `MODEL_TRACE_OUT`, which
-//! sets it and removes it again.
+//! sets the session's variables and restores what the caller had.
 
 use model_trace::{
     trace_attention, trace_kv_cache, trace_layer, trace_logits, trace_model, trace_quant,
@@ -524,13 +524,42 @@ mod enabled {
         assert!(matches!(error, SessionError::CaptureWithoutFile), "{error}");
     }
 
+    /// Sets `MODEL_TRACE_OUT` to `path`, with `MODEL_TRACE` and `MODEL_TRACE_CAPTURE` unset,
+    /// for as long as it lives; restores what the caller had when dropped.
+    struct TraceOut(Vec<(&'static str, Option<std::ffi::OsString>)>);
+
+    impl TraceOut {
+        fn set(path: impl AsRef<std::ffi::OsStr>) -> Self {
+            use model_trace::{CAPTURE_ENV_VAR, FILTER_ENV_VAR, OUT_ENV_VAR};
+            let saved = [FILTER_ENV_VAR, OUT_ENV_VAR, CAPTURE_ENV_VAR]
+                .into_iter()
+                .map(|var| (var, std::env::var_os(var)))
+                .collect();
+            std::env::remove_var(FILTER_ENV_VAR);
+            std::env::remove_var(CAPTURE_ENV_VAR);
+            std::env::set_var(OUT_ENV_VAR, path);
+            Self(saved)
+        }
+    }
+
+    impl Drop for TraceOut {
+        fn drop(&mut self) {
+            for (var, value) in &self.0 {
+                match value {
+                    Some(value) => std::env::set_var(var, value),
+                    None => std::env::remove_var(var),
+                }
+            }
+        }
+    }
+
     #[test]
     fn model_trace_out_turns_the_file_on_without_code() {
         let dir = scratch_dir("env");
         let path = dir.join("from-env.ndjson");
-        std::env::set_var(model_trace::OUT_ENV_VAR, &path);
+        let environment = TraceOut::set(&path);
         let session = Session::start(ModelTracerConfig::lightweight());
-        std::env::remove_var(model_trace::OUT_ENV_VAR);
+        drop(environment);
         assert_eq!(session.trace_file(), Some(path.as_path()));
         Model::new(1).generate(1);
         session.finish();
@@ -541,12 +570,9 @@ mod enabled {
         );
 
         // an unusable value is reported and the session goes on without the file
-        std::env::set_var(
-            model_trace::OUT_ENV_VAR,
-            "/nonexistent-model-trace-dir/x.ndjson",
-        );
+        let environment = TraceOut::set("/nonexistent-model-trace-dir/x.ndjson");
         let session = Session::start(ModelTracerConfig::lightweight());
-        std::env::remove_var(model_trace::OUT_ENV_VAR);
+        drop(environment);
         assert_eq!(session.trace_file(), None);
         let errors = session.errors();
         assert_eq!(errors.len(), 1, "{errors:?}");

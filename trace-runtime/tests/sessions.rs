@@ -1,5 +1,8 @@
 //! Sessions driven through `__private` by hand, the way the macros' generated code calls it.
 //! The `enabled` feature decides which half runs: recording with it, the inert API without.
+//!
+//! Only the test of the environment variables reads them (it sets each one and restores what
+//! the caller had); every other session is started with its filter given.
 
 /// With the feature off the API exists and records nothing, whatever is called.
 #[cfg(not(feature = "enabled"))]
@@ -44,21 +47,50 @@ mod disabled {
 
 #[cfg(feature = "enabled")]
 mod enabled {
-    use std::sync::{Barrier, Mutex};
+    use std::ffi::OsString;
+    use std::sync::Barrier;
 
     use trace_runtime::__private::{
         self, probe, Callsite, KvCacheStep, LayerGuard, ModelGuard, QuantType, Registered,
         TraceTensor, TracepointKind,
     };
-    use trace_runtime::{ModelTracer, ModelTracerConfig, Session, TensorRef, FILTER_ENV_VAR};
+    use trace_runtime::{
+        ModelTracer, ModelTracerConfig, Session, TensorRef, CAPTURE_ENV_VAR, FILTER_ENV_VAR,
+        OUT_ENV_VAR,
+    };
 
-    /// Tests that read `MODEL_TRACE` (every `Session::start`) hold this, so that the one test that
-    /// sets it cannot leak its filter into another test running in parallel.
-    static ENV: Mutex<()> = Mutex::new(());
+    /// A session that reads no environment variable, recording everything `config` asks for.
+    fn session(config: ModelTracerConfig) -> Session {
+        Session::with_filter(config, "").unwrap()
+    }
 
-    fn env_lock() -> std::sync::MutexGuard<'static, ()> {
-        ENV.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Sets the session's environment variables for as long as it lives, and restores what the
+    /// caller had when dropped (also when the test fails).
+    struct Environment(Vec<(&'static str, Option<OsString>)>);
+
+    impl Environment {
+        /// `MODEL_TRACE` set to `filter`; `MODEL_TRACE_OUT` and `MODEL_TRACE_CAPTURE` unset.
+        fn with_filter(filter: &str) -> Self {
+            let saved = [FILTER_ENV_VAR, OUT_ENV_VAR, CAPTURE_ENV_VAR]
+                .into_iter()
+                .map(|var| (var, std::env::var_os(var)))
+                .collect();
+            std::env::remove_var(OUT_ENV_VAR);
+            std::env::remove_var(CAPTURE_ENV_VAR);
+            std::env::set_var(FILTER_ENV_VAR, filter);
+            Self(saved)
+        }
+    }
+
+    impl Drop for Environment {
+        fn drop(&mut self) {
+            for (var, value) in &self.0 {
+                match value {
+                    Some(value) => std::env::set_var(var, value),
+                    None => std::env::remove_var(var),
+                }
+            }
+        }
     }
 
     /// A static callsite registered with inventory, as each annotation generates one.
@@ -125,19 +157,17 @@ mod enabled {
 
     #[test]
     fn nothing_is_recorded_without_a_session() {
-        let _env = env_lock();
         assert!(!Session::is_active());
         let cs = callsite!(Layer, "probe_no_session");
         assert!(!cs.is_active());
         forward(&X, 3, None);
-        let tracer = Session::start(ModelTracerConfig::full()).finish();
+        let tracer = session(ModelTracerConfig::full()).finish();
         assert!(tracer.activation_traces().is_empty());
     }
 
     #[test]
     fn layers_are_numbered_per_pass_and_record_input_output_and_stages() {
-        let _env = env_lock();
-        let session = Session::start(ModelTracerConfig::lightweight());
+        let session = session(ModelTracerConfig::lightweight());
         assert!(Session::is_active());
         forward(&X, 3, None);
         forward(&X, 3, None);
@@ -174,16 +204,15 @@ mod enabled {
 
     #[test]
     fn nothing_is_recorded_after_finish() {
-        let _env = env_lock();
-        let session = Session::start(ModelTracerConfig::lightweight());
+        let first = session(ModelTracerConfig::lightweight());
         let cs = callsite!(Layer, "outlives_session");
         // A guard still open when the session finishes: its layer is closed and kept by `finish`.
         let mut open = LayerGuard::enter(cs, Some(7), probe!(&X));
-        let first = session.finish();
+        let first = first.finish();
         assert_eq!(layer_indices(&first), vec![vec![7]]);
 
         forward(&X, 2, None);
-        let second = Session::start(ModelTracerConfig::lightweight());
+        let second = session(ModelTracerConfig::lightweight());
         open.output(probe!(&X));
         drop(open);
         let second = second.finish();
@@ -193,8 +222,7 @@ mod enabled {
 
     #[test]
     fn guards_close_on_panic_and_the_next_pass_is_clean() {
-        let _env = env_lock();
-        let session = Session::start(ModelTracerConfig::lightweight());
+        let session = session(ModelTracerConfig::lightweight());
         let panicked = std::panic::catch_unwind(|| forward(&X, 3, Some(1)));
         assert!(panicked.is_err());
         forward(&X, 3, None);
@@ -210,8 +238,7 @@ mod enabled {
 
     #[test]
     fn layers_outside_a_model_pass_open_an_implicit_pass() {
-        let _env = env_lock();
-        let session = Session::start(ModelTracerConfig::lightweight());
+        let session = session(ModelTracerConfig::lightweight());
         block(&X, false);
         block(&X, false);
         forward(&X, 1, None);
@@ -221,13 +248,12 @@ mod enabled {
 
     #[test]
     fn config_kinds_gate_tracepoints() {
-        let _env = env_lock();
-        let session = Session::start(ModelTracerConfig::default());
+        let session = self::session(ModelTracerConfig::default());
         assert!(!callsite!(Layer, "gate_layer").is_active());
         assert!(!callsite!(Model, "gate_model").is_active());
         drop(session);
 
-        let session = Session::start(ModelTracerConfig::lightweight());
+        let session = self::session(ModelTracerConfig::lightweight());
         assert!(callsite!(Layer, "gate_layer2").is_active());
         assert!(callsite!(KvCache, "gate_kv").is_active());
         assert!(!callsite!(Attention, "gate_attn").is_active());
@@ -271,8 +297,7 @@ mod enabled {
 
     #[test]
     fn model_trace_environment_variable_is_a_filter() {
-        let _env = env_lock();
-        std::env::set_var(FILTER_ENV_VAR, "-layer:block");
+        let environment = Environment::with_filter("-layer:block");
         let session = Session::start(ModelTracerConfig::lightweight());
         forward(&X, 2, None);
         let filtered = session.finish();
@@ -282,8 +307,18 @@ mod enabled {
         let lenient = Session::start(ModelTracerConfig::lightweight());
         forward(&X, 1, None);
         let errors = lenient.errors();
-        let lenient = lenient.finish();
-        std::env::remove_var(FILTER_ENV_VAR);
+        let lenient = lenient.finish_with_errors().0;
+
+        // A filter given to the builder wins over the environment.
+        std::env::set_var(FILTER_ENV_VAR, "attention:*");
+        let given = Session::builder(ModelTracerConfig::lightweight())
+            .filter("")
+            .from_env()
+            .start()
+            .unwrap();
+        forward(&X, 1, None);
+        let given = given.finish();
+        drop(environment);
 
         // `block` records no statistics of its own; the stage admitted inside it still joins it.
         let layers = &filtered.activation_traces()[0].layers;
@@ -299,6 +334,7 @@ mod enabled {
             vec![vec![0]],
             "an invalid filter is ignored"
         );
+        assert_eq!(layer_indices(&given), vec![vec![0]]);
     }
 
     #[test]

@@ -8,13 +8,26 @@ use std::process::{Command, Stdio};
 const PROMPT: &str = "The capital of France is";
 const STEPS: usize = 4;
 
+/// The worker, without the caller's `MODEL_TRACE`, `MODEL_TRACE_OUT` and `MODEL_TRACE_CAPTURE`.
+fn worker() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_decode_worker"));
+    for var in [
+        model_trace::FILTER_ENV_VAR,
+        model_trace::OUT_ENV_VAR,
+        model_trace::CAPTURE_ENV_VAR,
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
 #[test]
 fn worker_steps_follow_the_greedy_continuation() {
     let path = smollm::weights::find_gguf().unwrap_or_else(|e| panic!("{e}"));
     let (mut model, tokenizer) = load(&path).unwrap();
     let expected = greedy(&mut model, &tokenizer, PROMPT, STEPS + 1).unwrap();
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decode_worker"))
+    let mut child = worker()
         .args(["--trace", "off", PROMPT])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -40,7 +53,7 @@ fn worker_steps_follow_the_greedy_continuation() {
 
 #[test]
 fn worker_rejects_an_unknown_trace_level() {
-    let output = Command::new(env!("CARGO_BIN_EXE_decode_worker"))
+    let output = worker()
         .args(["--trace", "everything", PROMPT])
         .output()
         .unwrap();

@@ -8,7 +8,7 @@
 use candle_core::quantized::GgmlDType;
 use model_trace::{
     ActivationAnomalyKind, Event, ModelTracer, ModelTracerConfig, QuantType, RecordError, Session,
-    TraceReader,
+    TraceFilter, TraceReader,
 };
 use smollm::generate::load;
 use smollm::model::argmax;
@@ -18,6 +18,12 @@ use std::sync::OnceLock;
 const PROMPT: &str = "The capital of France is";
 /// Forward passes of the shared run: the prompt, then single tokens.
 const STEPS: usize = 4;
+
+/// A session recording what `config` asks for; `MODEL_TRACE` and the other variables of the
+/// caller's environment are not read.
+fn session(config: ModelTracerConfig) -> Session {
+    Session::with_trace_filter(config, TraceFilter::all())
+}
 
 fn model() -> (Model, GgufTokenizer) {
     let path = smollm::weights::find_gguf().unwrap_or_else(|e| panic!("{e}"));
@@ -296,7 +302,7 @@ fn logit_lens_ranks_the_chosen_token_first_by_the_last_layer() {
     let (mut model, tokenizer) = model();
     model.logit_lens = true;
     let prompt = tokenizer.encode(PROMPT).unwrap();
-    let session = Session::start(ModelTracerConfig {
+    let session = session(ModelTracerConfig {
         trace_logits: true,
         ..ModelTracerConfig::default()
     });
@@ -323,7 +329,7 @@ fn a_nan_in_layer_7_is_reported_at_layer_7_and_not_earlier() {
     let (mut model, tokenizer) = model();
     model.poison_layer(POISONED).unwrap();
     let prompt = tokenizer.encode(PROMPT).unwrap();
-    let session = Session::start(ModelTracerConfig::lightweight());
+    let session = session(ModelTracerConfig::lightweight());
     decode(&mut model, &prompt, 2);
     let tracer = session.finish();
 

@@ -74,7 +74,7 @@ fn main() {
         max_len: 16,
         width: 4,
     };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(forward(&linear, &mut cache, &[1.0, 1.0], 3), vec![2.0, 2.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -31,7 +31,7 @@ fn clip(x: &[f32], limit: f32) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(clip(&[1.0, 9.0], 5.0), vec![5.0, 5.0]);
     assert_eq!(clip(&[-1.0, 2.0], 5.0), vec![0.0, 2.0]);
     assert_eq!(clip(&[0.0, 2.0], 5.0), vec![-0.0, -2.0]);

@@ -10,7 +10,7 @@ fn block(step: usize, x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(block(1, &[1.0, 2.0]), vec![2.0, 3.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -9,7 +9,7 @@ fn identity<T: TraceTensor + Clone>(x: &T) -> T {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(identity(&vec![1.0_f32, 3.0]), vec![1.0, 3.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -9,7 +9,7 @@ fn first<T: Clone>(items: &[T]) -> Option<T> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(first(&["a", "b"]), Some("a"));
     assert_eq!(first::<u8>(&[]), None);
     let tracer = session.finish();

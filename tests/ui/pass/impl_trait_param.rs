@@ -10,7 +10,7 @@ fn sum(values: impl IntoIterator<Item = f32>, x: &impl TraceTensor) -> f32 {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(sum(vec![1.0, 2.0], &vec![4.0_f32]), 3.0);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -16,7 +16,7 @@ fn doubled(x: &[f32]) -> impl Iterator<Item = f32> + '_ {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(doubled(&[1.0, 2.0]).collect::<Vec<_>>(), vec![2.0, 4.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -21,7 +21,7 @@ fn block(x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(block(&[2.0, 4.0]), vec![1.0, 2.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

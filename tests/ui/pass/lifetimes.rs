@@ -30,7 +30,7 @@ fn view(data: &[f32]) -> View<'_> {
 
 fn main() {
     let data = [1.0, 2.0, 3.0];
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(view(&data).head(2), &[1.0, 2.0]);
     assert_eq!(longer(&data[..1], &data), &data);
     drop(session.finish());

@@ -21,7 +21,7 @@ fn main() {
     let mut acc = Accumulator {
         total: vec![0.0; 2],
     };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(acc.add(&[1.0, 2.0]), &[1.0, 2.0]);
     assert_eq!(acc.add(&[1.0, 2.0]), &[2.0, 4.0]);
     let tracer = session.finish();

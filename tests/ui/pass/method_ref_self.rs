@@ -18,7 +18,7 @@ fn main() {
     let block = Block {
         bias: vec![1.0, 1.0],
     };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(block.forward(&[0.0, 2.0]), vec![1.0, 3.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -20,7 +20,7 @@ impl Weights {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(
         Weights {
             values: vec![1.0, 2.0]

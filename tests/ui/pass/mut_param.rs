@@ -12,7 +12,7 @@ fn scale(mut x: Vec<f32>, factor: f32) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(scale(vec![1.0, 2.0], 10.0), vec![10.0, 20.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

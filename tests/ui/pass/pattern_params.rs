@@ -11,7 +11,7 @@ fn combine((a, b): (f32, f32), _: u8, Pair(c, d): Pair, x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(combine((2.0, 0.0), 0, Pair(0.0, 1.0), &[1.0]), vec![3.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

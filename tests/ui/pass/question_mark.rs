@@ -20,7 +20,7 @@ fn model(x: &[f32], text: &str) -> Result<Vec<f32>, std::num::ParseFloatError> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(model(&[1.0], "1"), Ok(vec![3.0]));
     assert!(model(&[1.0], "x").is_err());
     let tracer = session.finish();

@@ -9,7 +9,7 @@ fn nonempty(x: &[f32]) -> Option<Vec<f32>> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(nonempty(&[3.0]), Some(vec![3.0]));
     assert_eq!(nonempty(&[]), None);
     let tracer = session.finish();

@@ -13,7 +13,7 @@ fn checked(x: &[f32]) -> Result<Vec<f32>, String> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(checked(&[1.0]), Ok(vec![2.0]));
     assert!(checked(&[f32::NAN]).is_err());
     let tracer = session.finish();

@@ -19,7 +19,7 @@ fn rounded(x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(rounded(&[1.0, 2.0]), vec![0.33, 0.67]);
     assert_eq!(rounded(&[]), Vec::<f32>::new());
     let tracer = session.finish();

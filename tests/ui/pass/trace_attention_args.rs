@@ -27,7 +27,7 @@ fn layer() -> usize {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(Attention { layer: 2 }.probs().len(), 4);
     assert_eq!(layer(), 1);
     let tracer = session.finish();

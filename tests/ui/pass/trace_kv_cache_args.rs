@@ -42,7 +42,7 @@ fn main() {
         hits: 0,
         lookups: 0,
     };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     let lens: Vec<usize> = (0..3).map(|i| cache.append(i as f32)).collect();
     assert_eq!(lens, vec![1, 2, 2]);
     let tracer = session.finish();

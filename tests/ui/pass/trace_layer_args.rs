@@ -31,7 +31,7 @@ fn model(x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(model(&[1.0]), vec![2.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

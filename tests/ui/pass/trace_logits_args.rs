@@ -22,7 +22,7 @@ fn model(x: &[f32]) -> Result<Vec<f32>, String> {
 fn main() {
     let mut config = ModelTracerConfig::full();
     config.tracked_tokens = Some(vec![1]);
-    let session = Session::start(config);
+    let session = Session::with_filter(config, "").unwrap();
     assert_eq!(model(&[0.1, 0.9, 0.3]), Ok(vec![0.1, 0.9, 0.3]));
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

@@ -20,7 +20,7 @@ fn encode(x: &[f32]) -> Vec<f32> {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(decode(&[1.0], 6), vec![1.0]);
     assert_eq!(encode(&[1.0]), vec![1.0]);
     let tracer = session.finish();

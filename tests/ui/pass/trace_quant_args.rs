@@ -30,7 +30,7 @@ fn main() {
     let linear = Linear {
         weight: vec![0.3, 0.7],
     };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(linear.forward(&[1.0, 1.0]), vec![0.25, 0.75]);
     assert!(linear.forward_checked(&[1.0, 1.0]).is_ok());
     let tracer = session.finish();

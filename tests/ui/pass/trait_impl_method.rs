@@ -22,7 +22,7 @@ impl Module for Relu {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(Relu.head(&[-1.0, 2.0]), vec![0.0, 2.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {

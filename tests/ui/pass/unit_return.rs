@@ -25,7 +25,7 @@ impl Cache {
 
 fn main() {
     let mut cache = Cache { keys: Vec::new() };
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     cache.check(&[1.0]);
     for key in [1.0, 2.0, 3.0] {
         cache.push(key);

@@ -16,7 +16,7 @@ extern "C" fn twice(x: f32) -> f32 {
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     // SAFETY: one element.
     assert_eq!(unsafe { first(&[4.0]) }, 4.0);
     assert_eq!(twice(2.0), 4.0);

@@ -14,7 +14,7 @@ where
 }
 
 fn main() {
-    let session = Session::start(ModelTracerConfig::full());
+    let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(pad([1.0_f32, 2.0], 0.0), vec![1.0, 2.0, 0.0]);
     drop(session.finish());
 }
