@@ -418,6 +418,18 @@ fn bits(steps: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The index of the largest value that is not NaN.
+#[cfg(feature = "enabled")]
+fn argmax_ignoring_nan(values: &[f32]) -> usize {
+    let mut best: Option<usize> = None;
+    for (i, v) in values.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|b| *v > values[b]) {
+            best = Some(i);
+        }
+    }
+    best.expect("a value that is not NaN")
+}
+
 #[cfg(feature = "enabled")]
 fn argmax(values: &[f32]) -> usize {
     let mut best = 0;
@@ -835,5 +847,77 @@ fn panic_inside_a_layer_leaves_the_next_pass_clean() {
             .map(|set| set.traces.iter().map(|t| t.layer_idx).collect())
             .collect();
         assert_eq!(quant_layers, [vec![0], vec![0, 1, 2]]);
+    }
+}
+
+#[test]
+fn a_decode_step_with_nan_logits_is_an_anomaly_of_its_logits() {
+    let mut model = Model::new(SEED);
+    // The final norm turns every logit into NaN; every block is healthy.
+    model.final_norm[0] = f32::NAN;
+    let session = session(ModelTracerConfig::full());
+    let logits = decode(&model, &PROMPT[..2]);
+    let (tracer, errors) = session.finish_with_errors();
+    assert!(logits.iter().flatten().all(|v| v.is_nan()));
+    assert!(errors.is_empty(), "{errors:?}");
+
+    #[cfg(not(feature = "enabled"))]
+    assert_records_nothing(&tracer);
+
+    #[cfg(feature = "enabled")]
+    {
+        use model_trace::ActivationAnomalyKind;
+
+        for pass in tracer.activation_traces() {
+            assert!(pass
+                .layers
+                .iter()
+                .all(|l| l.stages().all(|(_, s)| s.nan_count == 0)));
+            assert_eq!(pass.anomaly_layer, Some(LAYERS), "the layer of the logits");
+            assert_eq!(pass.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+            assert_eq!(
+                pass.anomaly_desc.as_deref(),
+                Some("layer 3 logits: NaN (50 of 50 values)")
+            );
+            assert_eq!(pass.anomalies[0].stage.as_deref(), Some("logits"));
+        }
+        let summary = tracer.summary();
+        assert_eq!(summary.anomalies_detected, 2);
+        assert!(
+            summary.to_string().contains(
+                "Anomalies: 2 (first at position 0: layer 3 logits: NaN (50 of 50 values))"
+            ),
+            "{summary}"
+        );
+        // No logit is finite, so no token can be followed.
+        assert!(tracer.logit_traces().is_empty());
+    }
+}
+
+#[test]
+fn a_nan_logit_ranks_nothing_and_the_finite_ones_are_ranked() {
+    let mut model = Model::new(SEED);
+    // Token 0's logit is NaN, the others are what they were.
+    model.head.weight[0] = f32::NAN;
+    let session = session(ModelTracerConfig::full());
+    let logits = decode(&model, &PROMPT[..1]);
+    let tracer = session.finish();
+    assert!(logits[0][0].is_nan() && logits[0][1..].iter().all(|v| v.is_finite()));
+
+    #[cfg(not(feature = "enabled"))]
+    assert_records_nothing(&tracer);
+
+    #[cfg(feature = "enabled")]
+    {
+        let trace = &tracer.logit_traces()[0];
+        assert!(trace.tracked_tokens.iter().all(|t| t.token_id != 0));
+        let predicted = trace.predicted_token().expect("a tracked token");
+        assert_eq!(predicted.token_id as usize, argmax_ignoring_nan(&logits[0]));
+        assert_eq!(predicted.final_rank(), Some(0));
+        let pass = &tracer.activation_traces()[0];
+        assert_eq!(
+            pass.anomaly_desc.as_deref(),
+            Some("layer 3 logits: NaN (1 of 50 values)")
+        );
     }
 }

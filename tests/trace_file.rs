@@ -69,6 +69,8 @@ impl Block {
 struct Model {
     blocks: Vec<Block>,
     caches: Vec<Cache>,
+    /// Makes every logit NaN when set.
+    nan_head: bool,
 }
 
 impl Model {
@@ -81,6 +83,7 @@ impl Model {
                 })
                 .collect(),
             caches: (0..layers).map(|_| Cache { keys: Vec::new() }).collect(),
+            nan_head: false,
         }
     }
 
@@ -95,8 +98,9 @@ impl Model {
 
     #[trace_logits]
     fn head(&self, x: &[f32]) -> Vec<f32> {
-        let mut logits: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
-        logits.extend(x.iter().map(|v| -v));
+        let scale = if self.nan_head { f32::NAN } else { 2.0 };
+        let mut logits: Vec<f32> = x.iter().map(|v| v * scale).collect();
+        logits.extend(x.iter().map(|v| -v * scale / 2.0));
         logits
     }
 
@@ -273,6 +277,60 @@ mod enabled {
             .expect("pass end");
         assert_eq!(end.anomalies[0].layer, 1);
         assert_eq!(end.anomalies[0].stage.as_deref(), Some("mlp_out"));
+        let replayed = ModelTracer::from_events(header.config, &events);
+        assert_eq!(json(&replayed), json(&in_memory));
+    }
+
+    #[test]
+    fn a_decode_step_with_nan_logits_is_written_and_flagged() {
+        let dir = scratch_dir("nan-logits");
+        let path = dir.join("run.ndjson");
+        let session = Session::builder(ModelTracerConfig::full())
+            .trace_file(&path)
+            .start()
+            .expect("starts");
+        let mut model = Model::new(2);
+        model.forward(0.0, 0);
+        model.nan_head = true;
+        assert!(model.forward(0.1, 1).iter().all(|v| v.is_nan()));
+        let (in_memory, errors) = session.finish_with_errors();
+        assert!(errors.is_empty(), "{errors:?}");
+        let (header, events) = read_all(&path);
+
+        // Both steps' logits are in the file; the second's statistics count its NaN.
+        let logits: Vec<(usize, usize, usize)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Logits(l) => Some((l.pass, l.layer, l.logits.stats.nan_count)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(logits, [(0, 2, 0), (1, 2, 2 * WIDTH)]);
+        // The second pass ends with an anomaly of its logits, the first with none.
+        let anomalies: Vec<Vec<String>> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::PassEnd(end) => Some(
+                    end.anomalies
+                        .iter()
+                        .map(|a| a.description.clone())
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            anomalies,
+            [
+                vec![],
+                vec!["layer 2 logits: NaN (12 of 12 values)".to_owned()]
+            ]
+        );
+        let summary = in_memory.summary();
+        assert_eq!(summary.anomalies_detected, 1);
+        assert_eq!(summary.first_anomaly_position, Some(1));
+        // The first step's logit trace is there; the second had no finite logit to follow.
+        assert_eq!(in_memory.logit_traces().len(), 1);
         let replayed = ModelTracer::from_events(header.config, &events);
         assert_eq!(json(&replayed), json(&in_memory));
     }

@@ -787,6 +787,7 @@ pub fn record_logits(
         return;
     }
     state::with_session(generation, |s| {
+        s.add_logits_stats(layer, &summary.stats);
         s.emit_record(|seq, _| {
             Event::Logits(LogitsEvent {
                 seq,

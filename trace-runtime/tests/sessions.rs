@@ -47,7 +47,9 @@ mod disabled {
 
 #[cfg(feature = "enabled")]
 mod enabled {
+    use std::cell::RefCell;
     use std::ffi::OsString;
+    use std::rc::Rc;
     use std::sync::Barrier;
 
     use trace_runtime::__private::{
@@ -55,8 +57,8 @@ mod enabled {
         TraceTensor, TracepointKind,
     };
     use trace_runtime::{
-        ModelTracer, ModelTracerConfig, Session, TensorRef, CAPTURE_ENV_VAR, FILTER_ENV_VAR,
-        OUT_ENV_VAR,
+        ActivationAnomalyKind, Event, ModelTracer, ModelTracerConfig, Session, TensorRef,
+        TraceSink, CAPTURE_ENV_VAR, FILTER_ENV_VAR, OUT_ENV_VAR,
     };
 
     /// A session that reads no environment variable, recording everything `config` asks for.
@@ -293,6 +295,113 @@ mod enabled {
             error.to_string().contains("unknown kind `layers`"),
             "{error}"
         );
+    }
+
+    /// Collects a session's events.
+    struct Collect(Rc<RefCell<Vec<Event>>>);
+
+    impl TraceSink for Collect {
+        fn name(&self) -> std::borrow::Cow<'_, str> {
+            "collect".into()
+        }
+
+        fn event(&mut self, event: &Event) -> Result<(), trace_runtime::SinkError> {
+            self.0.borrow_mut().push(event.clone());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn non_finite_logits_are_written_flagged_and_ranked_without_the_nans() {
+        let events = Rc::new(RefCell::new(Vec::new()));
+        let session = Session::builder(ModelTracerConfig::full())
+            .sink(Collect(Rc::clone(&events)))
+            .start()
+            .unwrap();
+        let model = callsite!(Model, "nan_forward");
+        let head = callsite!(Logits, "nan_head");
+        let steps: [[f32; 6]; 3] = [
+            [f32::NAN; 6],
+            [0.5, f32::NAN, 2.0, f32::NAN, 1.0, 0.0],
+            [0.5, f32::INFINITY, 2.0, -1.0, 1.0, 0.0],
+        ];
+        for (position, logits) in steps.iter().enumerate() {
+            let _pass = ModelGuard::enter(model, Some(position));
+            block(&X, false);
+            __private::record_logits(head, None, probe!(&logits));
+        }
+        let (tracer, errors) = session.finish_with_errors();
+        assert!(errors.is_empty(), "{errors:?}");
+        let events = events.borrow();
+
+        // Every step has its logits record, whose statistics count what is not finite.
+        let counts: Vec<(usize, usize, usize)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Logits(l) => {
+                    Some((l.layer, l.logits.stats.nan_count, l.logits.stats.inf_count))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(counts, [(1, 6, 0), (1, 2, 0), (1, 0, 1)]);
+
+        // Every step's pass has a logits anomaly, at the layer of the logits.
+        let anomalies: Vec<(Option<&str>, usize, ActivationAnomalyKind, &str)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::PassEnd(end) => end.anomalies.first(),
+                _ => None,
+            })
+            .map(|a| (a.stage.as_deref(), a.layer, a.kind, a.description.as_str()))
+            .collect();
+        assert_eq!(
+            anomalies,
+            [
+                (
+                    Some("logits"),
+                    1,
+                    ActivationAnomalyKind::Nan,
+                    "layer 1 logits: NaN (6 of 6 values)"
+                ),
+                (
+                    Some("logits"),
+                    1,
+                    ActivationAnomalyKind::Nan,
+                    "layer 1 logits: NaN (2 of 6 values)"
+                ),
+                (
+                    Some("logits"),
+                    1,
+                    ActivationAnomalyKind::Inf,
+                    "layer 1 logits: Inf (1 of 6 values)"
+                ),
+            ]
+        );
+        let summary = tracer.summary();
+        assert_eq!(summary.anomalies_detected, 3);
+        assert_eq!(
+            summary.first_anomaly.as_deref(),
+            Some("layer 1 logits: NaN (6 of 6 values)")
+        );
+        assert_eq!(
+            tracer.activation_traces()[1].anomaly_kind,
+            Some(ActivationAnomalyKind::Nan)
+        );
+
+        // NaN logits outrank nothing: the finite ones are ranked among themselves. A row with
+        // no finite logit has no token to follow, so its pass has no logit trace.
+        let traces = tracer.logit_traces();
+        assert_eq!(
+            traces.iter().map(|t| t.position).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        let ranked: Vec<(u32, usize)> = traces[0]
+            .tracked_tokens
+            .iter()
+            .map(|t| (t.token_id, t.ranks_by_layer[0]))
+            .collect();
+        assert_eq!(ranked, [(2, 0), (4, 1), (0, 2), (5, 3)]);
     }
 
     #[test]

@@ -11,26 +11,53 @@ use crate::summary::TensorStats;
 /// broken values (NaN, Inf, explosion) before heuristic flags (vanishing, residual dominance),
 /// each group by layer index, recording order on ties.
 pub fn find_anomalies(layers: &[LayerActivationTrace]) -> Vec<Anomaly> {
-    let mut found: Vec<(usize, Anomaly)> = layers
+    find_pass_anomalies(layers, &[])
+}
+
+/// [`find_anomalies`] over a pass's layers and its logits records (`(layer, statistics)` of
+/// each): logits with a broken value (NaN, Inf, explosion) are an anomaly of stage `logits` at
+/// their layer, reported in the same order as the layers' (a NaN in layer 7 is reported
+/// before the NaN logits it causes, one past the last layer). The heuristic rules do not apply
+/// to logits.
+pub(crate) fn find_pass_anomalies(
+    layers: &[LayerActivationTrace],
+    logits: &[(usize, TensorStats)],
+) -> Vec<Anomaly> {
+    let from_layers = layers.iter().filter_map(first_anomaly);
+    let from_logits = logits
         .iter()
-        .enumerate()
-        .filter_map(|(order, layer)| first_anomaly(layer).map(|a| (order, a)))
-        .collect();
+        .filter_map(|(layer, stats)| logits_anomaly(*layer, stats));
+    let mut found: Vec<(usize, Anomaly)> = from_layers.chain(from_logits).enumerate().collect();
     found.sort_by_key(|(order, a)| (!a.kind.is_broken_value(), a.layer, *order));
     found.into_iter().map(|(_, a)| a).collect()
+}
+
+/// The stage of an anomaly found in logits.
+pub(crate) const LOGITS_STAGE: &str = "logits";
+
+/// The broken-value rule over one logits tensor.
+fn logits_anomaly(layer: usize, stats: &TensorStats) -> Option<Anomaly> {
+    stats
+        .has_anomaly()
+        .then(|| stage_anomaly(layer, broken_value_kind(stats), LOGITS_STAGE, stats))
+}
+
+/// NaN before Inf before explosion, for statistics with a broken value.
+fn broken_value_kind(stats: &TensorStats) -> ActivationAnomalyKind {
+    if stats.nan_count > 0 {
+        ActivationAnomalyKind::Nan
+    } else if stats.inf_count > 0 {
+        ActivationAnomalyKind::Inf
+    } else {
+        ActivationAnomalyKind::Explosion
+    }
 }
 
 /// The first rule `layer` breaks, by severity: NaN, Inf, explosion over all stages in data-flow
 /// order; then vanishing; then residual dominance.
 fn first_anomaly(layer: &LayerActivationTrace) -> Option<Anomaly> {
     if let Some((name, stats)) = layer.stages().find(|(_, s)| s.has_anomaly()) {
-        let kind = if stats.nan_count > 0 {
-            ActivationAnomalyKind::Nan
-        } else if stats.inf_count > 0 {
-            ActivationAnomalyKind::Inf
-        } else {
-            ActivationAnomalyKind::Explosion
-        };
+        let kind = broken_value_kind(stats);
         return Some(stage_anomaly(layer.layer_idx, kind, name, stats));
     }
     if layer.layer_idx >= VANISHING_WARMUP_LAYERS {

@@ -1,8 +1,9 @@
-//! What a forward pass keeps until it ends, to be judged then: its layers' statistics for the
-//! anomaly rules, and its logit rows for the evolution of the tracked tokens.
+//! What a forward pass keeps until it ends, to be judged then: its layers' and logits'
+//! statistics for the anomaly rules, and its logit rows for the evolution of the tracked tokens.
 
 use crate::record::{top_k_by_selection, Anomaly, LayerActivationTrace, LogitEvolutionTrace};
 use crate::session::ModelTracerConfig;
+use crate::summary::TensorStats;
 
 /// One pass's material for [`find_anomalies`](super::find_anomalies) and the logit evolution.
 /// Reused from pass to pass, so its row buffers are allocated once.
@@ -10,6 +11,8 @@ use crate::session::ModelTracerConfig;
 pub(crate) struct PassRecorder {
     position: usize,
     layers: Vec<LayerActivationTrace>,
+    /// Statistics of the pass's logits tensors with a broken value, by layer.
+    broken_logits: Vec<(usize, TensorStats)>,
     /// With explicit `tracked_tokens`: one trace per batch row, ranked as rows arrive.
     tracked: Vec<LogitEvolutionTrace>,
     /// Without: every row, `(layer, batch, values)`, until the final layer is known.
@@ -22,6 +25,7 @@ impl PassRecorder {
     pub(crate) fn begin(&mut self, position: usize) {
         self.position = position;
         self.layers.clear();
+        self.broken_logits.clear();
         self.tracked.clear();
         self.recycle_rows();
     }
@@ -29,6 +33,13 @@ impl PassRecorder {
     /// A layer's statistics, for the anomaly rules.
     pub(crate) fn add_layer(&mut self, layer: LayerActivationTrace) {
         self.layers.push(layer);
+    }
+
+    /// The statistics of a whole logits tensor read at `layer`, for the anomaly rules.
+    pub(crate) fn add_logits_stats(&mut self, layer: usize, stats: &TensorStats) {
+        if stats.has_anomaly() {
+            self.broken_logits.push((layer, *stats));
+        }
     }
 
     /// One next-token row of logits read at `layer`.
@@ -72,8 +83,9 @@ impl PassRecorder {
         &mut self,
         config: &ModelTracerConfig,
     ) -> (Vec<Anomaly>, Vec<LogitEvolutionTrace>) {
-        let anomalies = super::find_anomalies(&self.layers);
+        let anomalies = super::anomaly::find_pass_anomalies(&self.layers, &self.broken_logits);
         self.layers.clear();
+        self.broken_logits.clear();
         let mut traces = std::mem::take(&mut self.tracked);
         if !self.pending.is_empty() {
             traces.extend(self.auto_tracked(config.auto_track_top_k));

@@ -210,6 +210,12 @@ fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
 /// 3. **Residual dominance**: `residual_ratio > RESIDUAL_DOMINANCE_THRESHOLD`, when the ratio is
 ///    exact (`residual_ratio_exact`, set by [`LayerActivationTrace::record_residual`]).
 ///
+/// A session (and [`ModelTracer::record_logits`](crate::ModelTracer::record_logits), by hand)
+/// also judges each logits tensor of the pass by rule 1: logits with a NaN, Inf or
+/// exploding value are an anomaly of stage `logits` at the layer of the logits (one past the
+/// last block for the model's head), so a step whose logits are broken is reported even when
+/// every layer is clean. [`finalize`](Self::finalize) judges only `layers`.
+///
 /// Rule 1 (a broken value) beats rules 2 and 3 (a suspicious layer) across the whole pass: the
 /// reported anomaly is the rule-1 anomaly in the layer with the **lowest `layer_idx`**, and only
 /// when no layer breaks rule 1, the lowest layer breaking rule 2 or 3 (recording order breaks
@@ -233,9 +239,9 @@ pub struct ModelActivationTrace {
     pub anomaly_kind: Option<ActivationAnomalyKind>,
     /// How many layers broke at least one rule.
     pub anomalous_layers: usize,
-    /// Every layer that broke a rule, in the order of the report: broken values (NaN, Inf,
-    /// explosion) by layer index, then heuristic flags by layer index. The first one is the
-    /// reported anomaly.
+    /// Every layer that broke a rule (and, from a session, every logits record with a broken
+    /// value), in the order of the report: broken values (NaN, Inf, explosion) by layer index,
+    /// then heuristic flags by layer index. The first one is the reported anomaly.
     #[serde(default)]
     pub anomalies: Vec<Anomaly>,
 }
@@ -267,7 +273,8 @@ impl ModelActivationTrace {
     }
 }
 
-/// One layer's anomaly: the first rule it breaks (see [`ModelActivationTrace`] for the rules).
+/// One layer's anomaly: the first rule it breaks (see [`ModelActivationTrace`] for the rules); or
+/// broken logits, with `stage` `logits`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Anomaly {
     /// `layer_idx` of the layer.

@@ -106,9 +106,10 @@ pub struct PassEnd {
     pub duration_ns: u64,
     /// Layer calls in the pass.
     pub layers: usize,
-    /// Every layer that broke an anomaly rule, reported one first (see
-    /// [`ModelActivationTrace`](crate::ModelActivationTrace)); empty when activations are not
-    /// traced.
+    /// Every layer that broke an anomaly rule, and every logits record with a NaN, Inf or
+    /// exploding value (stage `logits`), reported one first (see
+    /// [`ModelActivationTrace`](crate::ModelActivationTrace)); layers are judged only when
+    /// activations are traced, logits when logits are.
     pub anomalies: Vec<Anomaly>,
     /// How the tracked tokens' ranks evolved through the layers, one per batch row that
     /// recorded logits.

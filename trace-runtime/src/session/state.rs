@@ -646,6 +646,11 @@ impl SessionState {
         self.emit(&event);
     }
 
+    /// Feeds the statistics of a logits tensor to the pass's anomaly rules.
+    pub(crate) fn add_logits_stats(&mut self, layer: usize, stats: &crate::TensorStats) {
+        self.recorder.add_logits_stats(layer, stats);
+    }
+
     /// Feeds a next-token row to the pass's logit tracking.
     pub(crate) fn add_logit_row(&mut self, layer: usize, batch: usize, row: &[f32]) {
         self.recorder.add_logit_row(&self.config, layer, batch, row);

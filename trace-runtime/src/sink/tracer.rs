@@ -181,12 +181,15 @@ impl ModelTracer {
 
     /// Records one vocabulary row of logits as seen at layer `layer_idx` (for `[seq, vocab]`
     /// logits pass the row of the position being predicted). Call it once per probed layer; the
-    /// final layer is the highest index. Ignored outside a pass.
+    /// final layer is the highest index. Ignored outside a pass. A row with NaN, Inf or
+    /// exploding values is an anomaly of the pass (stage `logits`), and NaN logits outrank
+    /// nothing.
     pub fn record_logits(&mut self, layer_idx: usize, logits: &[f32]) {
         if !self.config.trace_logits || self.open.is_none() {
             return;
         }
         if let Some(manual) = &mut self.manual {
+            manual.add_logits_stats(layer_idx, &crate::TensorStats::from_slice(logits));
             manual.add_logit_row(&self.config, layer_idx, 0, logits);
         }
     }
@@ -737,9 +740,10 @@ mod tests {
     fn summary_counts_and_display() {
         let mut tracer = full_tracer();
         let s = tracer.summary();
+        // Each pass's layer-0 logits hold a NaN.
         assert_eq!(
             (s.total_forwards, s.layers_per_pass, s.anomalies_detected),
-            (2, 4, 0)
+            (2, 4, 2)
         );
         assert_eq!((s.attention_traces, s.logit_traces), (8, 2));
         assert_eq!(
@@ -754,7 +758,7 @@ mod tests {
         for line in [
             "Forward passes: 2",
             "Layers per pass: 4",
-            "Anomalies: 0",
+            "Anomalies: 2 (first at position 0: layer 0 logits: NaN (1 of 4 values))",
             "Attention: 8 rows, 4 heads in 4 layers (bidirectional)",
             "first-token sink: 4 heads: L0.H0, L1.H0, L2.H0, L3.H0",
             "KV peak memory: 2.0 KiB",
@@ -773,6 +777,32 @@ mod tests {
             }
         );
         assert!(tracer.summary().to_string().contains("Avg hit rate: n/a"));
+    }
+
+    #[test]
+    fn non_finite_logits_recorded_by_hand_are_an_anomaly_and_rank_nothing() {
+        let mut tracer = ModelTracer::new(ModelTracerConfig {
+            trace_logits: true,
+            auto_track_top_k: 2,
+            ..ModelTracerConfig::default()
+        });
+        tracer.begin_forward(0);
+        tracer.record_logits(3, &[f32::NAN, 1.0, 3.0, f32::NAN]);
+        let anomaly = tracer.end_forward();
+        assert_eq!(
+            anomaly.as_deref(),
+            Some("layer 3 logits: NaN (2 of 4 values)")
+        );
+        let ranks: Vec<(u32, usize)> = tracer.logit_traces()[0]
+            .tracked_tokens
+            .iter()
+            .map(|t| (t.token_id, t.ranks_by_layer[0]))
+            .collect();
+        assert_eq!(ranks, [(2, 0), (1, 1)]);
+        tracer.begin_forward(1);
+        tracer.record_logits(3, &[f32::NAN; 4]);
+        assert!(tracer.end_forward().is_some());
+        assert_eq!(tracer.summary().anomalies_detected, 2);
     }
 
     #[test]
