@@ -151,7 +151,22 @@
 //!
 //! A session can be limited to some of them: [`Session::with_filter`] takes patterns such as
 //! `layer:*` or `attention:*` or a name, and [`Session::start`] reads the same patterns from the
-//! `MODEL_TRACE` environment variable (the syntax is [`TraceFilter`]'s).
+//! `MODEL_TRACE` environment variable (the syntax and its rules are [`TraceFilter`]'s: `layer:*`
+//! keeps the stages of the layers it admits, `-model:draft` suspends tracing while the `draft`
+//! model's forward pass runs). A pattern that matches no tracepoint is reported when the
+//! session starts.
+//!
+//! # What goes wrong is said
+//!
+//! Tracing never panics and never changes what the model computes, so what it cannot do is
+//! reported instead: a value it cannot read (a `trace_tensor!` outside any layer, a shape it
+//! cannot interpret) is a record error, counted by the summary, listed by [`Session::errors`]
+//! and reported in one line on stderr when the session ends with [`Session::finish`]
+//! ([`Session::finish_with_errors`] returns them and prints nothing). What was recorded but
+//! probably not as meant is a warning, printed on stderr when it first happens and listed by
+//! [`Session::warnings`]: layers recorded outside any `#[trace_model]` function (they are
+//! counted as one implicit pass), a filter pattern that matches nothing. Logits with a NaN, Inf
+//! or exploding value are an anomaly of their pass, like a broken layer.
 //!
 //! An attribute cannot see the type of its `impl` block, so `Model::forward` and
 //! `Block::forward` are both the function `forward` of their module. The second column of the
@@ -200,7 +215,8 @@ pub use trace_runtime::*;
 ///   the session are counted 0, 1, 2, ...
 /// - `name = "..."`: the tracepoint's name; by default the function's name.
 ///
-/// A `#[trace_model]` nested in another joins the pass already open.
+/// A `#[trace_model]` nested in another joins the pass already open. Layers recorded without
+/// one are counted as one implicit pass, with a warning: annotate the forward function.
 ///
 /// ```
 /// use model_trace::{trace_layer, trace_model, ModelTracerConfig, Session};

@@ -315,6 +315,20 @@ impl Model {
     }
 }
 
+/// [`Model::forward`] as a user who forgot `#[trace_model]` writes it.
+fn forward_without_trace_model(
+    model: &Model,
+    token: u32,
+    position: usize,
+    cache: &mut KvCache,
+) -> Vec<f32> {
+    let mut hidden = model.embed(token, position);
+    for (block, layer_cache) in model.blocks.iter().zip(&mut cache.layers) {
+        hidden = block.forward(&hidden, layer_cache);
+    }
+    model.lm_head(&rms_norm(&hidden, &model.final_norm))
+}
+
 /// Every position of `tokens` through a fresh cache: the logits of each step.
 fn decode(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = model.new_cache();
@@ -919,5 +933,86 @@ fn a_nan_logit_ranks_nothing_and_the_finite_ones_are_ranked() {
             pass.anomaly_desc.as_deref(),
             Some("layer 3 logits: NaN (1 of 50 values)")
         );
+    }
+}
+
+#[test]
+fn forgetting_trace_model_is_a_warning() {
+    let model = Model::new(SEED);
+    let session = session(ModelTracerConfig::lightweight());
+    let mut cache = model.new_cache();
+    for (position, &token) in PROMPT[..2].iter().enumerate() {
+        forward_without_trace_model(&model, token, position, &mut cache);
+    }
+    let warnings = session.warnings();
+    let (tracer, errors) = session.finish_with_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+
+    #[cfg(not(feature = "enabled"))]
+    {
+        assert!(warnings.is_empty());
+        assert_records_nothing(&tracer);
+    }
+
+    #[cfg(feature = "enabled")]
+    {
+        use model_trace::RecordErrorKind;
+
+        // Two steps lumped into one pass, layers 0..6: what the warning is about.
+        let layers: Vec<usize> = tracer.activation_traces()[0]
+            .layers
+            .iter()
+            .map(|l| l.layer_idx)
+            .collect();
+        assert_eq!(layers, (0..2 * LAYERS).collect::<Vec<_>>());
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].kind, RecordErrorKind::ImplicitPass);
+        assert_eq!(
+            warnings[0].message,
+            "layers recorded outside any #[trace_model] function: they are counted as one \
+             implicit pass; annotate the forward function with #[trace_model]"
+        );
+        assert_eq!(tracer.summary().warnings, 1);
+    }
+}
+
+#[test]
+fn filtering_layers_keeps_their_stages_and_excluding_the_model_suspends_its_passes() {
+    let model = Model::new(SEED);
+    let filtered = |filter: &str| {
+        let session = Session::with_filter(ModelTracerConfig::full(), filter).unwrap();
+        decode(&model, &PROMPT[..2]);
+        session.finish_with_errors().0
+    };
+
+    let layers_only = filtered("layer:*");
+    let without_mlp = filtered("layer:*,-mlp_out");
+    let no_passes = filtered("-model:*");
+
+    #[cfg(not(feature = "enabled"))]
+    for tracer in [layers_only, without_mlp, no_passes] {
+        assert_records_nothing(&tracer);
+    }
+
+    #[cfg(feature = "enabled")]
+    {
+        let stages = |tracer: &model_trace::ModelTracer| -> Vec<String> {
+            tracer.activation_traces()[1].layers[2]
+                .stages()
+                .map(|(name, _)| name.to_owned())
+                .collect()
+        };
+        assert_eq!(
+            stages(&layers_only),
+            ["input", "attn_in", "attn_out", "mlp_out", "output"]
+        );
+        assert!(layers_only.attention_traces().is_empty());
+        assert_eq!(
+            stages(&without_mlp),
+            ["input", "attn_in", "attn_out", "output"]
+        );
+        assert_eq!(no_passes.forward_passes(), 0);
+        assert!(no_passes.kv_trace().steps.is_empty());
+        assert!(no_passes.attention_traces().is_empty());
     }
 }

@@ -20,7 +20,7 @@ use crate::record::{
     KvCacheStateTrace, LogitEvolutionTrace, LogitRow, LogitsEvent, QuantEvent,
     QuantizationErrorTrace, Stage, TrackedLogit,
 };
-use crate::session::state::{self, TensorPlan, RECORD, RUN};
+use crate::session::state::{self, TensorPlan, IN_RECORDED_LAYER, RECORD, RUN, SUSPEND};
 use crate::session::RecordErrorKind;
 use crate::summary::{summarize, TensorSummary, ValuesReader};
 
@@ -409,21 +409,32 @@ fn read_tensor(
 // ---------------------------------------------------------------------------------------------
 
 /// Closes a forward pass on drop, also when unwinding from a panic, so a panicking pass is
-/// kept and the next one starts clean.
+/// kept and the next one starts clean. For a pass that the filter leaves out, suspends the
+/// session until the drop instead.
 #[must_use]
 pub struct ModelGuard {
     generation: u32,
     pass: Option<usize>,
+    suspended: bool,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl ModelGuard {
     /// Begins a forward pass at `position` (`None`: the number of passes begun so far).
     pub fn enter(cs: &'static Callsite, position: Option<usize>) -> Self {
-        if !cs.is_active() {
+        let decision = cs.decision();
+        if decision & RUN == 0 {
             return Self::inactive();
         }
         let generation = state::active_generation();
+        if decision & SUSPEND != 0 {
+            return Self {
+                generation,
+                pass: None,
+                suspended: state::suspend(generation),
+                _not_send: std::marker::PhantomData,
+            };
+        }
         let pass = state::with_session(generation, |session| {
             session.begin_model_pass(cs.tracepoint(), position)
         })
@@ -431,6 +442,7 @@ impl ModelGuard {
         Self {
             generation,
             pass,
+            suspended: false,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -440,6 +452,7 @@ impl ModelGuard {
         Self {
             generation: 0,
             pass: None,
+            suspended: false,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -449,6 +462,9 @@ impl Drop for ModelGuard {
     fn drop(&mut self) {
         if let Some(pass) = self.pass {
             state::with_session(self.generation, |session| session.end_model_pass(pass));
+        }
+        if self.suspended {
+            state::resume(self.generation);
         }
     }
 }
@@ -543,11 +559,33 @@ impl Drop for LayerGuard {
 // Record hooks
 // ---------------------------------------------------------------------------------------------
 
-/// `trace_tensor!("stage", &t)`: `tensor` as a stage of the enclosing layer.
+/// `trace_tensor!("stage", &t)`: `tensor` as a stage of the enclosing layer. A stage that the
+/// filter does not admit itself is recorded only inside a layer that records, and is no error
+/// outside one (the filter did not ask for it).
 pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&dyn TraceTensor>) {
-    if !cs.records() {
+    let decision = cs.decision();
+    let admitted = decision & RECORD != 0;
+    if !admitted && decision & IN_RECORDED_LAYER == 0 {
         return;
     }
+    let generation = state::active_generation();
+    let planned = state::with_session(generation, |s| {
+        let layer = if admitted {
+            s.enclosing_layer()
+        } else {
+            s.enclosing_recorded_layer()
+        };
+        layer.map(|layer| (layer, s.plan(cs.tracepoint(), Some(layer))))
+    });
+    let Some((layer, plan)) = planned.flatten() else {
+        if admitted {
+            cs.note_error(
+                RecordErrorKind::OutsideLayer,
+                format!("stage `{stage}` outside any #[trace_layer]: not recorded"),
+            );
+        }
+        return;
+    };
     let Some(tensor) = tensor else {
         cs.note_error(
             RecordErrorKind::NotATensor,
@@ -562,18 +600,6 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
         );
         return;
     }
-    let generation = state::active_generation();
-    let planned = state::with_session(generation, |s| {
-        let layer = s.enclosing_layer()?;
-        Some((layer, s.plan(cs.tracepoint(), Some(layer))))
-    });
-    let Some((layer, plan)) = planned.flatten() else {
-        cs.note_error(
-            RecordErrorKind::OutsideLayer,
-            format!("stage `{stage}` outside any #[trace_layer]: not recorded"),
-        );
-        return;
-    };
     if let Some(summary) = read_tensor(generation, cs, stage, Some(layer), plan, tensor, None) {
         state::with_session(generation, |s| s.record_stage(stage, summary));
     }
@@ -720,7 +746,7 @@ pub fn record_logits(
     };
     let generation = state::active_generation();
     let Some((pass, layer, plan, top_k, tracked)) = state::with_session(generation, |s| {
-        let pass = s.open_pass();
+        let pass = s.open_pass(cs.tracepoint());
         let layer = layer.unwrap_or_else(|| s.layer_or_final());
         let plan = s.plan(cs.tracepoint(), Some(layer));
         (

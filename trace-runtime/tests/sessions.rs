@@ -57,8 +57,8 @@ mod enabled {
         TraceTensor, TracepointKind,
     };
     use trace_runtime::{
-        ActivationAnomalyKind, Event, ModelTracer, ModelTracerConfig, Session, TensorRef,
-        TraceSink, CAPTURE_ENV_VAR, FILTER_ENV_VAR, OUT_ENV_VAR,
+        ActivationAnomalyKind, Event, ModelTracer, ModelTracerConfig, RecordErrorKind, Session,
+        TensorRef, TraceSink, CAPTURE_ENV_VAR, FILTER_ENV_VAR, OUT_ENV_VAR,
     };
 
     /// A session that reads no environment variable, recording everything `config` asks for.
@@ -239,13 +239,38 @@ mod enabled {
     }
 
     #[test]
-    fn layers_outside_a_model_pass_open_an_implicit_pass() {
+    fn layers_outside_a_model_pass_open_an_implicit_pass_with_a_warning() {
         let session = session(ModelTracerConfig::lightweight());
         block(&X, false);
         block(&X, false);
         forward(&X, 1, None);
-        let tracer = session.finish();
-        assert_eq!(layer_indices(&tracer), vec![vec![0, 1], vec![0]]);
+        block(&X, false);
+        let warnings = session.warnings();
+        let (tracer, errors) = session.finish_with_errors();
+        assert_eq!(layer_indices(&tracer), vec![vec![0, 1], vec![0], vec![0]]);
+        // Once per session, naming the layer, apart from the errors.
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].kind, RecordErrorKind::ImplicitPass);
+        assert_eq!(warnings[0].tracepoint.map(|tp| tp.name), Some("block"));
+        assert!(
+            warnings[0].message.starts_with(
+                "layers recorded outside any #[trace_model] function: they are counted as one \
+                 implicit pass; annotate the forward function with #[trace_model]"
+            ),
+            "{}",
+            warnings[0]
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let summary = tracer.summary();
+        assert_eq!((summary.warnings, summary.record_errors), (1, 0));
+        assert!(summary
+            .to_string()
+            .contains("Warnings: 1 (first: layers recorded outside"));
+
+        // Inside `#[trace_model]` there is nothing to warn about.
+        let session = self::session(ModelTracerConfig::lightweight());
+        forward(&X, 2, None);
+        assert!(session.warnings().is_empty());
     }
 
     #[test]
@@ -295,6 +320,99 @@ mod enabled {
             error.to_string().contains("unknown kind `layers`"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn layer_patterns_keep_the_stages_of_the_layers_they_admit() {
+        let stage_counts = |filter: &str| -> Vec<Option<usize>> {
+            let session = Session::with_filter(ModelTracerConfig::lightweight(), filter).unwrap();
+            forward(&X, 2, None);
+            let tracer = session.finish_with_errors().0;
+            tracer.activation_traces()[0]
+                .layers
+                .iter()
+                .map(|l| l.stage("post_attn").map(|s| s.count))
+                .collect()
+        };
+        assert_eq!(stage_counts("layer:*"), [Some(8), Some(8)]);
+        assert_eq!(stage_counts("layer:block"), [Some(8), Some(8)]);
+        // Excluded by name or by kind: the layers stay, without the stage.
+        assert_eq!(stage_counts("layer:*, -post_attn"), [None, None]);
+        assert_eq!(stage_counts("layer:*, -tensor:*"), [None, None]);
+        // A stage follows the layer it runs in, not any admitted layer.
+        let session =
+            Session::with_filter(ModelTracerConfig::lightweight(), "layer:attn_block").unwrap();
+        forward(&X, 2, None);
+        assert!(session.finish_with_errors().0.activation_traces()[0]
+            .layers
+            .is_empty());
+        // Outside any layer, a stage the filter did not ask for is no error.
+        let session = Session::with_filter(ModelTracerConfig::lightweight(), "layer:*").unwrap();
+        __private::record_stage(callsite!(Tensor, "loose_stage"), "loose_stage", probe!(&X));
+        assert!(session.errors().is_empty());
+    }
+
+    #[test]
+    fn model_patterns_select_forward_passes() {
+        let run = |filter: &str| -> (Vec<Vec<usize>>, usize) {
+            let session = Session::with_filter(ModelTracerConfig::lightweight(), filter).unwrap();
+            forward(&X, 2, None);
+            let inside = Session::is_active();
+            assert!(inside, "a session records again after a suspended pass");
+            forward(&X, 3, None);
+            let tracer = session.finish_with_errors().0;
+            (layer_indices(&tracer), tracer.forward_passes())
+        };
+        assert_eq!(run("-model:*"), (vec![], 0));
+        assert_eq!(run("-model:forward"), (vec![], 0));
+        assert_eq!(run("model:full_forward, *"), (vec![], 0));
+        assert_eq!(
+            run("model:forward, *"),
+            (vec![vec![0, 1], vec![0, 1, 2]], 2)
+        );
+        // Inclusions of other kinds and kindless exclusions of other names leave passes alone.
+        assert_eq!(run("layer:*").0, [vec![0, 1], vec![0, 1, 2]]);
+        assert_eq!(run("*, -block").1, 2);
+
+        // Nothing inside a suspended pass is recorded, what comes after it is.
+        let session = Session::with_filter(ModelTracerConfig::lightweight(), "-model:*").unwrap();
+        let model = callsite!(Model, "suspended_forward");
+        let pass = ModelGuard::enter(model, None);
+        assert!(!Session::is_active());
+        block(&X, false);
+        drop(pass);
+        assert!(Session::is_active());
+        block(&X, false);
+        let tracer = session.finish_with_errors().0;
+        assert_eq!(layer_indices(&tracer), vec![vec![0]]);
+    }
+
+    #[test]
+    fn a_pattern_that_matches_no_tracepoint_is_a_warning() {
+        let filter = "layer:blok, layer:*, -tensor:post_atn";
+        let session = Session::with_filter(ModelTracerConfig::lightweight(), filter).unwrap();
+        let warnings = session.warnings();
+        forward(&X, 1, None);
+        let (tracer, errors) = session.finish_with_errors();
+        let messages: Vec<&str> = warnings.iter().map(|w| w.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "filter pattern `layer:blok` matches none of the program's tracepoints, so it \
+                 selects nothing (model_trace::tracepoints() lists them)",
+                "filter pattern `-tensor:post_atn` matches none of the program's tracepoints, so \
+                 it excludes nothing (model_trace::tracepoints() lists them)",
+            ]
+        );
+        assert!(warnings
+            .iter()
+            .all(|w| w.kind == RecordErrorKind::UnmatchedPattern && w.tracepoint.is_none()));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(tracer.summary().warnings, 2);
+        // The pattern that matched still selects what it matched.
+        assert_eq!(layer_indices(&tracer), vec![vec![0]]);
+        let session = Session::with_filter(ModelTracerConfig::lightweight(), "layer:*").unwrap();
+        assert!(session.warnings().is_empty());
     }
 
     /// Collects a session's events.
@@ -402,6 +520,113 @@ mod enabled {
             .map(|t| (t.token_id, t.ranks_by_layer[0]))
             .collect();
         assert_eq!(ranked, [(2, 0), (4, 1), (0, 2), (5, 3)]);
+    }
+
+    /// Runs the ignored test `name` of this binary in a child process, without the session's
+    /// environment variables, and returns what it printed on stderr: what a user sees.
+    fn stderr_of(name: &str) -> String {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                name,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env_remove(FILTER_ENV_VAR)
+            .env_remove(OUT_ENV_VAR)
+            .env_remove(CAPTURE_ENV_VAR)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(output.status.success(), "{name} failed:\n{stderr}");
+        stderr
+    }
+
+    /// What `stderr_of` prints between `-- {from}` and the next `--` line.
+    fn section<'a>(stderr: &'a str, from: &str) -> Vec<&'a str> {
+        stderr
+            .lines()
+            .skip_while(|line| *line != format!("-- {from}"))
+            .skip(1)
+            .take_while(|line| !line.starts_with("-- "))
+            .collect()
+    }
+
+    #[test]
+    #[ignore = "run in a child process by `errors_and_warnings_reach_stderr`"]
+    fn child_ends_sessions_with_errors_and_warnings() {
+        let stray = callsite!(Tensor, "stray");
+        let scalar = callsite!(Attention, "scalar_probs");
+        let with_errors = || {
+            let session = session(ModelTracerConfig::full());
+            for _ in 0..3 {
+                __private::record_stage(stray, "stray", probe!(&X));
+            }
+            __private::record_attention(scalar, Some(0), probe!(&3usize));
+            session
+        };
+        eprintln!("-- finish");
+        with_errors().finish();
+        eprintln!("-- finish_with_errors");
+        let _ = with_errors().finish_with_errors();
+        eprintln!("-- drop");
+        drop(with_errors());
+        eprintln!("-- clean");
+        let session = session(ModelTracerConfig::full());
+        forward(&X, 1, None);
+        session.finish();
+        eprintln!("-- warnings");
+        let session = Session::with_filter(ModelTracerConfig::full(), "*, -tensor:nope").unwrap();
+        block(&X, false);
+        block(&X, false);
+        session.finish();
+        eprintln!("-- end");
+    }
+
+    #[test]
+    fn errors_and_warnings_reach_stderr() {
+        let stderr = stderr_of("enabled::child_ends_sessions_with_errors_and_warnings");
+        let reported = section(&stderr, "finish");
+        assert_eq!(reported.len(), 1, "{stderr}");
+        let line = reported[0];
+        assert!(
+            line.starts_with("model-trace: 4 record errors (2 distinct, first: tensor `stray` ("),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(
+                "): stage `stray` outside any #[trace_layer]: not recorded (x3)); \
+                 Session::finish_with_errors returns them"
+            ),
+            "{line}"
+        );
+        assert!(
+            section(&stderr, "finish_with_errors").is_empty(),
+            "{stderr}"
+        );
+        assert_eq!(
+            section(&stderr, "drop"),
+            [line],
+            "a dropped session reports too"
+        );
+        assert!(section(&stderr, "clean").is_empty(), "{stderr}");
+        let warnings = section(&stderr, "warnings");
+        assert_eq!(warnings.len(), 2, "{stderr}");
+        assert!(
+            warnings[0].starts_with(
+                "model-trace: warning: filter pattern `-tensor:nope` matches none of the program's tracepoints"
+            ),
+            "{stderr}"
+        );
+        assert!(
+            warnings[1].starts_with("model-trace: warning: layer `block` (")
+                && warnings[1].ends_with(
+                    "): layers recorded outside any #[trace_model] function: they are counted \
+                     as one implicit pass; annotate the forward function with #[trace_model]"
+                ),
+            "{stderr}"
+        );
     }
 
     #[test]

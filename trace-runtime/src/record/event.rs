@@ -35,8 +35,9 @@ pub enum Event {
     KvCache(KvCacheEvent),
     /// Error of a quantized computation against its reference.
     Quant(QuantEvent),
-    /// A value a tracepoint could not record, or a sink that failed (first occurrence; the
-    /// counts are in [`SessionEnd`]).
+    /// A value a tracepoint could not record, a sink that failed, or a warning (its kind says
+    /// which: [`RecordErrorKind::is_warning`](crate::RecordErrorKind::is_warning)); first
+    /// occurrence, the counts are in [`SessionEnd`].
     Error(ErrorEvent),
     /// The session ended; a file without it was cut short.
     SessionEnd(SessionEnd),

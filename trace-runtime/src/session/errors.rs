@@ -10,7 +10,8 @@ use crate::registry::Tracepoint;
 /// not grow memory without bound. Further distinct errors are counted, not kept.
 pub const MAX_DISTINCT_ERRORS: usize = 256;
 
-/// Why something was not recorded.
+/// Why something was not recorded, or, for the warnings ([`is_warning`](Self::is_warning)), why
+/// what was recorded is probably not what was meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordErrorKind {
@@ -32,6 +33,12 @@ pub enum RecordErrorKind {
     Sink,
     /// Full tensors could not be saved.
     Capture,
+    /// Warning: layers or logits were recorded outside any `#[trace_model]` function, so they
+    /// were counted as one implicit pass (once per session).
+    ImplicitPass,
+    /// Warning: a filter pattern matches none of the program's tracepoints (when the session
+    /// starts).
+    UnmatchedPattern,
 }
 
 impl RecordErrorKind {
@@ -46,7 +53,17 @@ impl RecordErrorKind {
             Self::Config => "config",
             Self::Sink => "sink",
             Self::Capture => "capture",
+            Self::ImplicitPass => "implicit_pass",
+            Self::UnmatchedPattern => "unmatched_pattern",
         }
+    }
+
+    /// Whether this is a warning rather than an error: nothing was lost, but the records are
+    /// probably not what was meant. A session prints each warning on stderr when it first
+    /// happens and lists them in [`Session::warnings`](crate::Session::warnings), apart from
+    /// [`Session::errors`](crate::Session::errors).
+    pub fn is_warning(self) -> bool {
+        matches!(self, Self::ImplicitPass | Self::UnmatchedPattern)
     }
 }
 

@@ -23,6 +23,25 @@ use crate::registry::{Tracepoint, TracepointKind};
 /// least one inclusion. The empty filter admits everything. Examples: `layer:*`, `forward`,
 /// `*attn*`, `smollm::model::*`, `*,-tensor:*`, `layer:forward@model.rs:210`.
 ///
+/// Two kinds follow the structure of the model rather than that rule alone:
+/// * **Stages** (`tensor` tracepoints, `trace_tensor!`) belong to the layer they are recorded
+///   in: a stage is recorded when the filter admits it, and also when the layer it runs in is
+///   admitted and no exclusion matches the stage. So `layer:*` keeps the layers' stages,
+///   `layer:*,-tensor:*` drops them all and `layer:*,-q_proj` drops one.
+/// * **Forward passes** (`model` tracepoints, `#[trace_model]`) are selected by patterns of
+///   kind `model` and by exclusions only: a pass is traced unless an exclusion matches its
+///   tracepoint (`-model:draft`, `-model:*`) or inclusions of kind `model` exist and none
+///   matches it (`model:decoder,*` traces the `decoder` passes only). While a pass that is not
+///   traced runs, the session is suspended: nothing reached inside it is recorded, and it is
+///   not counted as a pass. Inclusions of other kinds never suspend a pass, so `layer:*`
+///   still numbers layers per forward pass; as any inclusion, `model:decoder` alone admits
+///   nothing else, so it records the passes and nothing in them.
+///
+/// A pattern that matches none of the program's [`tracepoints()`](crate::tracepoints) is most
+/// likely a typo: a session reports it when it starts (a warning on stderr, and in
+/// [`Session::warnings`](crate::Session::warnings)); [`unmatched`](Self::unmatched) finds
+/// them.
+///
 /// Two tracepoints can share a kind and a name (two `forward` methods of one module annotated
 /// with `#[trace_layer]`, say): `@file:line` tells them apart, and
 /// [`Tracepoint::selector`] gives the shortest pattern that selects exactly one tracepoint.
@@ -34,6 +53,8 @@ pub struct TraceFilter {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Pattern {
+    /// As written, for reports.
+    text: String,
     exclude: bool,
     kind: Option<TracepointKind>,
     glob: String,
@@ -113,6 +134,54 @@ impl TraceFilter {
         included || !any_include
     }
 
+    /// Whether an exclusion matches `tracepoint`: it is not recorded, even as a stage of an
+    /// admitted layer or as a forward pass.
+    pub fn excludes(&self, tracepoint: &Tracepoint) -> bool {
+        self.patterns
+            .iter()
+            .any(|pattern| pattern.exclude && pattern.matches(tracepoint))
+    }
+
+    /// Whether the forward passes of the `model` tracepoint `tracepoint` are traced (see the
+    /// type's docs: only exclusions and inclusions of kind `model` decide).
+    pub fn traces_pass(&self, tracepoint: &Tracepoint) -> bool {
+        if self.excludes(tracepoint) {
+            return false;
+        }
+        let mut model_inclusions = self
+            .patterns
+            .iter()
+            .filter(|pattern| !pattern.exclude && pattern.kind == Some(TracepointKind::Model))
+            .peekable();
+        model_inclusions.peek().is_none() || model_inclusions.any(|p| p.matches(tracepoint))
+    }
+
+    /// The patterns, as written, that match none of `tracepoints` (usually
+    /// [`tracepoints()`](crate::tracepoints)): typos, or tracepoints this build does not have.
+    ///
+    /// ```
+    /// # use trace_runtime as model_trace;
+    /// use model_trace::{TraceFilter, Tracepoint, TracepointKind};
+    ///
+    /// let block = Tracepoint {
+    ///     kind: TracepointKind::Layer,
+    ///     name: "block",
+    ///     function: "block",
+    ///     module_path: "tiny",
+    ///     file: "src/lib.rs",
+    ///     line: 3,
+    /// };
+    /// let filter = TraceFilter::parse("layer:*, *attn*, -blok").unwrap();
+    /// assert_eq!(filter.unmatched(&[&block]), ["*attn*", "-blok"]);
+    /// ```
+    pub fn unmatched(&self, tracepoints: &[&Tracepoint]) -> Vec<&str> {
+        self.patterns
+            .iter()
+            .filter(|pattern| !tracepoints.iter().any(|tp| pattern.matches(tp)))
+            .map(|pattern| pattern.text.as_str())
+            .collect()
+    }
+
     /// Whether some tracepoint of `kind` could be admitted. Conservative: `false` only when
     /// every include pattern names another kind, or an exclusion drops the whole kind.
     pub fn may_admit_kind(&self, kind: TracepointKind) -> bool {
@@ -173,6 +242,7 @@ impl Pattern {
             )));
         }
         Ok(Self {
+            text: text.to_owned(),
             exclude,
             kind,
             glob: glob.to_owned(),

@@ -20,21 +20,36 @@
 //!   session goes on without it ([`Session::try_start`] returns the error instead). A
 //!   [`SessionBuilder`] reads the environment only when asked ([`SessionBuilder::from_env`]);
 //!   [`Session::with_filter`] reads nothing.
-//! * **Filters.** The filter selects what is *recorded*. `model` and `layer` tracepoints keep
-//!   the structure of the pass (pass boundaries, layer numbering, the enclosing layer of
-//!   attention and logits) even when filtered out, so `MODEL_TRACE=attention:*` still gives
-//!   attention records the right layer index; a filtered-out layer records no statistics.
+//! * **Filters.** The filter selects what is *recorded*. `layer` tracepoints keep the structure
+//!   of the pass (layer numbering, the enclosing layer of attention and logits) even when
+//!   filtered out, so `MODEL_TRACE=attention:*` still gives attention records the right layer
+//!   index; a filtered-out layer records no statistics. Stages follow their layer:
+//!   `MODEL_TRACE=layer:*` keeps them unless a pattern excludes them. A `model` pattern selects
+//!   forward passes: while a pass it leaves out runs (`-model:draft`), the session is
+//!   suspended. The rules are [`TraceFilter`]'s. A pattern that matches none of the program's
+//!   tracepoints is a warning when the session starts.
 //! * **Passes.** `#[trace_model]` begins and ends a forward pass; a nested one joins the pass
 //!   already open. Layers or logits recorded outside any `#[trace_model]` open an implicit pass
-//!   that lasts until the next `#[trace_model]` or the end of the session.
+//!   that lasts until the next `#[trace_model]` or the end of the session; the first one is a
+//!   warning, since it usually means the forward function lacks its annotation.
 //! * **Unreadable values** (a backend error, a shape that does not fit, a value that is not a
 //!   tensor where one is required) never panic: the record is skipped and the reason is kept
-//!   in [`Session::errors`], counted per tracepoint, kind and message.
+//!   in [`Session::errors`], counted per tracepoint, kind and message. They are not hidden:
+//!   the summary counts them, and a session that ends with errors nobody asked for ([`finish`],
+//!   or a drop) says so in one line on stderr. A program that handles them itself ends the
+//!   session with [`finish_with_errors`], which prints nothing.
+//! * **Warnings** (an implicit pass, a filter pattern that matches nothing) are printed on
+//!   stderr when they first happen, written to the trace file as error events of their own
+//!   kinds ([`RecordErrorKind::is_warning`]), counted by the summary and listed by
+//!   [`Session::warnings`], apart from the errors.
 //! * **Trace files** are named by [`SessionBuilder::trace_file`]'s rule, so sessions of one
 //!   process never overwrite each other's files; they are flushed at the end of every forward
 //!   pass and when the session ends: at `finish`, when it is dropped, also while a panic unwinds.
 //! * **Feature `enabled` off:** the API exists, nothing is recorded and no file is written;
 //!   `finish` returns an empty tracer with the configuration it was given.
+//!
+//! [`finish`]: Session::finish
+//! [`finish_with_errors`]: Session::finish_with_errors
 
 mod capture;
 mod clock;
@@ -206,42 +221,101 @@ impl Session {
         self.trace_file.as_deref()
     }
 
-    /// What could not be recorded so far, in the order first seen.
+    /// What could not be recorded so far, in the order first seen (the warnings apart, in
+    /// [`warnings`](Self::warnings)).
     pub fn errors(&self) -> Vec<RecordError> {
         state::with_session(self.generation, |session| session.errors()).unwrap_or_default()
+    }
+
+    /// What was recorded, but probably not as meant, so far: layers recorded outside any
+    /// `#[trace_model]` function, filter patterns that match no tracepoint (see
+    /// [`RecordErrorKind::is_warning`]). Each was printed on stderr when it first happened.
+    pub fn warnings(&self) -> Vec<RecordError> {
+        state::with_session(self.generation, |session| session.warnings()).unwrap_or_default()
     }
 
     /// Stops recording and returns what was kept in memory. An open forward pass and open
     /// layers are closed first, so their records are kept; the trace file, if any, is complete
     /// when this returns.
+    ///
+    /// When values could not be recorded, this says so in one line on stderr (how many, and
+    /// the first), since it does not return them:
+    ///
+    /// ```text
+    /// model-trace: 3 record errors (first: tensor `x` (src/model.rs:40): stage `x` outside any #[trace_layer]: not recorded (x3)); Session::finish_with_errors returns them
+    /// ```
+    ///
+    /// A program that handles the errors itself calls
+    /// [`finish_with_errors`](Self::finish_with_errors) instead, which prints nothing.
     pub fn finish(self) -> ModelTracer {
-        self.finish_with_errors().0
+        let (tracer, errors, not_kept) = self.end();
+        report_unclaimed(&errors, not_kept);
+        tracer
     }
 
     /// [`finish`](Self::finish), also returning [`errors`](Self::errors) (among them a trace
-    /// file that could not be written).
+    /// file that could not be written); nothing is printed about them.
     pub fn finish_with_errors(self) -> (ModelTracer, Vec<RecordError>) {
+        let (tracer, errors, _) = self.end();
+        (tracer, errors)
+    }
+
+    /// Ends the session: its tracer, its errors and how many further errors were not kept.
+    fn end(self) -> (ModelTracer, Vec<RecordError>, usize) {
         let mut this = self;
         match state::remove(this.generation) {
-            Some(session) => session.into_results(),
-            None => (ModelTracer::new(this.take_config()), Vec::new()),
+            Some(session) => {
+                let not_kept = session.errors_not_kept();
+                let (tracer, errors) = session.into_results();
+                (tracer, errors, not_kept)
+            }
+            None => (this.tracer_without_session(), Vec::new(), 0),
         }
     }
 
-    /// The configuration of a session that records nothing (compiled out, or never started).
-    fn take_config(&mut self) -> ModelTracerConfig {
+    /// The tracer of a session that recorded nothing: compiled out, or never started.
+    fn tracer_without_session(&mut self) -> ModelTracer {
         #[cfg(not(feature = "enabled"))]
-        return std::mem::take(&mut self.config);
+        return ModelTracer::new(std::mem::take(&mut self.config));
         #[cfg(feature = "enabled")]
-        ModelTracerConfig::default()
+        ModelTracer::new(ModelTracerConfig::default())
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // Ends the session (flushing its sinks) if `finish` did not take it already.
-        drop(state::remove(self.generation));
+        // Ends the session (flushing its sinks) if `finish` did not take it already; its
+        // errors are reported as `finish` reports them, since nobody can take them now.
+        if let Some(session) = state::remove(self.generation) {
+            let not_kept = session.errors_not_kept();
+            let (_, errors) = session.into_results();
+            report_unclaimed(&errors, not_kept);
+        }
     }
+}
+
+/// Prints the line of [`Session::finish`] about errors nobody took, if there were any.
+fn report_unclaimed(errors: &[RecordError], not_kept: usize) {
+    if let Some(line) = unclaimed_errors_line(errors, not_kept) {
+        eprintln!("{line}");
+    }
+}
+
+/// `model-trace: 5 record errors (2 distinct, first: ...); Session::finish_with_errors returns
+/// them`, or `None` without errors.
+fn unclaimed_errors_line(errors: &[RecordError], not_kept: usize) -> Option<String> {
+    let first = errors.first()?;
+    let occurrences = errors.iter().map(|e| e.occurrences).sum::<usize>() + not_kept;
+    let plural = if occurrences == 1 { "" } else { "s" };
+    let distinct = match errors.len() {
+        1 if not_kept == 0 => String::new(),
+        n if not_kept == 0 => format!("{n} distinct, "),
+        n => format!("{n} distinct kept, "),
+    };
+    Some(format!(
+        "model-trace: {occurrences} record error{plural} ({distinct}first: {first}); \
+         Session::finish_with_errors returns them"
+    ))
 }
 
 impl fmt::Debug for Session {
@@ -479,6 +553,21 @@ impl SessionBuilder {
         }
         if capture.is_some() && capture_writer.is_none() && trace_file.is_none() {
             refuse(SessionError::CaptureWithoutFile, capture_from_env)?;
+        }
+        let origin = filter_from_env.unwrap_or("filter");
+        for pattern in filter.unmatched(&crate::tracepoints()) {
+            let effect = if pattern.starts_with('-') {
+                "excludes"
+            } else {
+                "selects"
+            };
+            setup_errors.push((
+                RecordErrorKind::UnmatchedPattern,
+                format!(
+                    "{origin} pattern `{pattern}` matches none of the program's tracepoints, so \
+                     it {effect} nothing (model_trace::tracepoints() lists them)"
+                ),
+            ));
         }
         let header = self.header(&filter, capture.as_ref());
         let setup = SessionSetup {

@@ -42,6 +42,12 @@ static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
 pub(crate) const RUN: u8 = 1;
 /// Decision bit: the tracepoint records its values.
 pub(crate) const RECORD: u8 = 2;
+/// Decision bit of a stage the filter does not admit itself: it records when the innermost
+/// open layer records (see [`TraceFilter`]'s rule for stages).
+pub(crate) const IN_RECORDED_LAYER: u8 = 4;
+/// Decision bit of a `model` tracepoint whose passes the filter leaves out: the session is
+/// suspended while the pass runs.
+pub(crate) const SUSPEND: u8 = 8;
 
 #[inline(always)]
 pub(crate) fn active_generation() -> u32 {
@@ -112,12 +118,46 @@ pub(crate) fn remove(generation: u32) -> Option<SessionState> {
             let mut sessions = sessions.try_borrow_mut().ok()?;
             let at = sessions.iter().position(|s| s.generation == generation)?;
             let removed = sessions.remove(at);
-            let now_active = sessions.last().map_or(0, |s| s.generation);
-            ACTIVE_GENERATION.with(|active| active.set(now_active));
+            ACTIVE_GENERATION.with(|active| active.set(recording(&sessions)));
             Some(removed)
         })
         .ok()
         .flatten()
+}
+
+/// The generation that records on this thread: the newest session's, unless it is suspended.
+fn recording(sessions: &[SessionState]) -> u32 {
+    sessions
+        .last()
+        .filter(|session| session.suspended == 0)
+        .map_or(0, |session| session.generation)
+}
+
+/// Suspends the session `generation` while a forward pass that its filter leaves out runs:
+/// until [`resume`], tracepoints on this thread see no session. `false` when it is not there.
+pub(crate) fn suspend(generation: u32) -> bool {
+    set_suspended(generation, |depth| depth + 1)
+}
+
+/// Ends one [`suspend`] of the session `generation`.
+pub(crate) fn resume(generation: u32) {
+    set_suspended(generation, |depth| depth.saturating_sub(1));
+}
+
+fn set_suspended(generation: u32, change: impl FnOnce(usize) -> usize) -> bool {
+    SESSIONS
+        .try_with(|sessions| {
+            let Ok(mut sessions) = sessions.try_borrow_mut() else {
+                return false;
+            };
+            let Some(session) = sessions.iter_mut().find(|s| s.generation == generation) else {
+                return false;
+            };
+            session.suspended = change(session.suspended);
+            ACTIVE_GENERATION.with(|active| active.set(recording(&sessions)));
+            true
+        })
+        .unwrap_or(false)
 }
 
 /// Decision bits ([`RUN`], [`RECORD`]) for `callsite` in the session with `generation`;
@@ -149,13 +189,11 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
     let admitted = filter.admits(tracepoint);
     let records = |on: bool| if on && admitted { RUN | RECORD } else { 0 };
     match tracepoint.kind {
-        TracepointKind::Model => {
-            if config.is_enabled() {
-                RUN
-            } else {
-                0
-            }
-        }
+        TracepointKind::Model => match (config.is_enabled(), filter.traces_pass(tracepoint)) {
+            (false, _) => 0,
+            (true, true) => RUN,
+            (true, false) => RUN | SUSPEND,
+        },
         TracepointKind::Layer => {
             // A layer the filter drops still runs (numbering, enclosing index) when something
             // recorded inside it may be admitted; otherwise it costs a load and a branch.
@@ -172,7 +210,17 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
                 (true, true) => RUN | RECORD,
             }
         }
-        TracepointKind::Tensor => records(config.trace_activations),
+        TracepointKind::Tensor => {
+            if !config.trace_activations {
+                0
+            } else if admitted {
+                RUN | RECORD
+            } else if !filter.excludes(tracepoint) && filter.may_admit_kind(TracepointKind::Layer) {
+                RUN | IN_RECORDED_LAYER
+            } else {
+                0
+            }
+        }
         TracepointKind::Attention => records(config.trace_attention),
         TracepointKind::Logits => records(config.trace_logits),
         TracepointKind::KvCache => records(config.trace_kv_cache),
@@ -227,6 +275,10 @@ pub(crate) struct SessionState {
     next_frame_id: u64,
     /// Steps recorded per cache (by layer), to number each cache's steps.
     kv_steps: Vec<(Option<usize>, usize)>,
+    /// Passes left out by the filter that are running now (see [`suspend`]).
+    suspended: usize,
+    /// Whether the implicit pass was warned about.
+    implicit_pass_warned: bool,
     ended: bool,
 }
 
@@ -296,6 +348,8 @@ impl SessionState {
             layers: Vec::new(),
             next_frame_id: 0,
             kv_steps: Vec::new(),
+            suspended: 0,
+            implicit_pass_warned: false,
             ended: false,
         };
         state.for_each_sink(|sink| sink.start(&header));
@@ -336,7 +390,8 @@ impl SessionState {
         }
     }
 
-    /// Counts an error; its first occurrence becomes an error event.
+    /// Counts an error or a warning; its first occurrence becomes an error event, and a
+    /// warning's first occurrence is also printed on stderr.
     pub(crate) fn note_error(
         &mut self,
         tracepoint: Option<&'static Tracepoint>,
@@ -345,6 +400,15 @@ impl SessionState {
     ) {
         if !self.errors.note(tracepoint, kind, &message) {
             return;
+        }
+        if kind.is_warning() {
+            let warning = RecordError {
+                tracepoint,
+                kind,
+                message: message.clone(),
+                occurrences: 1,
+            };
+            eprintln!("model-trace: warning: {warning}");
         }
         let event = Event::Error(ErrorEvent {
             seq: self.next_seq(),
@@ -358,8 +422,29 @@ impl SessionState {
         self.emit(&event);
     }
 
+    /// Occurrences of distinct errors past [`MAX_DISTINCT_ERRORS`](super::MAX_DISTINCT_ERRORS),
+    /// counted but not kept.
+    pub(crate) fn errors_not_kept(&self) -> usize {
+        self.errors.overflow
+    }
+
+    /// The errors so far (not the warnings).
     pub(crate) fn errors(&self) -> Vec<RecordError> {
-        self.errors.all().to_vec()
+        self.problems(false)
+    }
+
+    /// The warnings so far.
+    pub(crate) fn warnings(&self) -> Vec<RecordError> {
+        self.problems(true)
+    }
+
+    fn problems(&self, warnings: bool) -> Vec<RecordError> {
+        self.errors
+            .all()
+            .iter()
+            .filter(|error| error.kind.is_warning() == warnings)
+            .cloned()
+            .collect()
     }
 
     // -----------------------------------------------------------------------------------------
@@ -415,12 +500,26 @@ impl SessionState {
         })
     }
 
-    /// The open pass's id, opening an implicit pass when none is open.
-    fn ensure_pass(&mut self) -> usize {
-        match &self.pass {
-            Some(pass) => pass.id,
-            None => self.begin_pass(None, None).id,
+    /// The open pass's id, opening an implicit pass when none is open: the first time, with a
+    /// warning naming `cause`, the tracepoint that needed a pass.
+    fn ensure_pass(&mut self, cause: &'static Tracepoint) -> usize {
+        if let Some(pass) = &self.pass {
+            return pass.id;
         }
+        let id = self.begin_pass(None, None).id;
+        if !self.implicit_pass_warned {
+            self.implicit_pass_warned = true;
+            let what = match cause.kind {
+                TracepointKind::Logits => "logits",
+                _ => "layers",
+            };
+            let message = format!(
+                "{what} recorded outside any #[trace_model] function: they are counted as one \
+                 implicit pass; annotate the forward function with #[trace_model]"
+            );
+            self.note_error(Some(cause), RecordErrorKind::ImplicitPass, message);
+        }
+        id
     }
 
     fn close_pass(&mut self) {
@@ -441,9 +540,10 @@ impl SessionState {
         self.emit(&event);
     }
 
-    /// The current pass, opened implicitly if none is: logits are kept only inside a pass.
-    pub(crate) fn open_pass(&mut self) -> usize {
-        self.ensure_pass()
+    /// The current pass, opened implicitly for `cause` if none is: logits are kept only inside
+    /// a pass.
+    pub(crate) fn open_pass(&mut self, cause: &'static Tracepoint) -> usize {
+        self.ensure_pass(cause)
     }
 
     pub(crate) fn pass_id(&self) -> Option<usize> {
@@ -461,7 +561,7 @@ impl SessionState {
         index: Option<usize>,
         record: bool,
     ) -> (u64, usize) {
-        let pass_id = self.ensure_pass();
+        let pass_id = self.ensure_pass(tracepoint);
         let index = match &mut self.pass {
             Some(pass) => {
                 let index = index.unwrap_or(pass.layer_calls);
@@ -583,6 +683,15 @@ impl SessionState {
     /// The innermost open layer's index.
     pub(crate) fn enclosing_layer(&self) -> Option<usize> {
         self.layers.last().map(|frame| frame.index)
+    }
+
+    /// The innermost open layer's index, if there is one and it records its statistics (the
+    /// filter admits it): where a stage recorded for its layer's sake goes.
+    pub(crate) fn enclosing_recorded_layer(&self) -> Option<usize> {
+        self.layers
+            .last()
+            .filter(|frame| frame.record)
+            .map(|frame| frame.index)
     }
 
     /// The layer of a value outside any layer: one past the last layer of this pass (0 with no
@@ -717,14 +826,15 @@ impl SessionState {
     }
 
     /// Ends the session and hands back the in-memory tracer (empty when none was kept) and the
-    /// errors.
+    /// errors (not the warnings, printed when they happened).
     pub(crate) fn into_results(mut self) -> (ModelTracer, Vec<RecordError>) {
         self.end();
         let tracer = self
             .memory
             .take()
             .unwrap_or_else(|| ModelTracer::new(self.config.clone()));
-        let errors = std::mem::take(&mut self.errors).into_vec();
+        let mut errors = std::mem::take(&mut self.errors).into_vec();
+        errors.retain(|error| !error.kind.is_warning());
         (tracer, errors)
     }
 }

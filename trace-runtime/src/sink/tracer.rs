@@ -256,7 +256,7 @@ impl ModelTracer {
             }
             Event::KvCache(kv) => self.record_kv_state(kv.state.clone()),
             Event::Quant(quant) => self.record_quant_error(quant.error.clone()),
-            Event::Error(_) => self.totals.record_errors += 1,
+            Event::Error(error) => self.totals.count_error(error),
             Event::SessionEnd(end) => self.totals.errors_not_kept = end.errors_not_kept,
             Event::Logits(_) => {}
         }

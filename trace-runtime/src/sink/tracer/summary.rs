@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ModelTracer;
 use crate::analysis::attention::{AttentionAnalysis, AttentionAnalyzer};
-use crate::record::{Anomaly, AttentionWeightTrace, QuantizationErrorTrace};
+use crate::record::{Anomaly, AttentionWeightTrace, ErrorEvent, QuantizationErrorTrace};
 
 /// Totals over every record a tracer was given, kept or not.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -23,7 +23,11 @@ pub(super) struct Totals {
     quant_criticals: usize,
     worst_quant: Option<QuantizationErrorTrace>,
     pub(super) dropped: usize,
-    pub(super) record_errors: usize,
+    record_errors: usize,
+    #[serde(default)]
+    warnings: usize,
+    #[serde(default)]
+    first_warning: Option<String>,
     pub(super) errors_not_kept: usize,
 }
 
@@ -34,6 +38,17 @@ impl Totals {
             self.anomalous_passes += 1;
             self.first_anomaly
                 .get_or_insert_with(|| (position, reported.description.clone()));
+        }
+    }
+
+    /// An error event: a record error, or a warning.
+    pub(super) fn count_error(&mut self, error: &ErrorEvent) {
+        if error.kind.is_warning() {
+            self.warnings += 1;
+            self.first_warning
+                .get_or_insert_with(|| error.message.clone());
+        } else {
+            self.record_errors += 1;
         }
     }
 
@@ -83,6 +98,8 @@ impl Totals {
             memory_limit_bytes: tracer.config.memory_limit_bytes,
             record_errors: self.record_errors,
             record_errors_not_kept: self.errors_not_kept,
+            warnings: self.warnings,
+            first_warning: self.first_warning.clone(),
         }
     }
 }
@@ -138,6 +155,13 @@ pub struct ModelTracerSummary {
     /// Occurrences of distinct errors beyond the session's limit, counted but not kept.
     #[serde(default)]
     pub record_errors_not_kept: usize,
+    /// Distinct warnings: what was recorded, but probably not as meant (see
+    /// [`RecordErrorKind::is_warning`](crate::RecordErrorKind::is_warning)).
+    #[serde(default)]
+    pub warnings: usize,
+    /// The first warning's message.
+    #[serde(default)]
+    pub first_warning: Option<String>,
 }
 
 impl fmt::Display for ModelTracerSummary {
@@ -177,6 +201,12 @@ impl fmt::Display for ModelTracerSummary {
         write!(f, "  Quant criticals: {}", self.quant_criticals)?;
         if let (Some(cos), Some(site)) = (self.worst_quant_cosine, &self.worst_quant_site) {
             write!(f, "\n  Worst quant cosine: {cos:.6} ({site})")?;
+        }
+        if self.warnings > 0 {
+            write!(f, "\n  Warnings: {}", self.warnings)?;
+            if let Some(first) = &self.first_warning {
+                write!(f, " (first: {first})")?;
+            }
         }
         if self.record_errors > 0 {
             write!(
