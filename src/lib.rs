@@ -35,8 +35,9 @@
 //! `position` that is not an integer is a compile error either way), and what only they use
 //! (`capacity = self.max_len`, `bytes = self.bytes()`) counts as used, with no `dead_code` or
 //! `unused_variables` warning, while no code is generated for them. The session and registry
-//! API exists either way, so `main` compiles either way; a session then records nothing and
-//! [`tracepoints()`] is empty.
+//! API exists either way, so `main` compiles either way; a session then records nothing,
+//! [`tracepoints()`] is empty, the summary of a session's tracer says in one line that tracing
+//! is compiled out, and [`ENABLED`] is `false`.
 //!
 //! A function whose body does not parse yet (a missing `;` while editing) is handed back to the
 //! compiler as it is, so the compiler's error is the only one.
@@ -116,7 +117,7 @@
 //! assert_eq!(logits.len(), 4);
 //! println!("{}", tracer.summary());
 //!
-//! if cfg!(feature = "enabled") {
+//! if model_trace::ENABLED {
 //!     let pass = &tracer.activation_traces()[0];
 //!     assert_eq!(pass.layers.len(), 2);
 //!     assert_eq!(pass.layers[1].layer_idx, 1);
@@ -237,7 +238,7 @@ pub use trace_runtime::*;
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// decode(&[1.0, 2.0], 7);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     assert_eq!(tracer.activation_traces()[0].position, 7);
 ///     assert_eq!(tracer.activation_traces()[0].layers.len(), 2);
 /// }
@@ -279,7 +280,7 @@ pub use trace_macros::trace_model;
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// block.forward(&[1.0, 2.0]).unwrap();
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let layer = &tracer.activation_traces()[0].layers[0];
 ///     assert_eq!(layer.layer_idx, 3);
 ///     assert_eq!(layer.input_stats.mean, 1.5);
@@ -313,7 +314,7 @@ pub use trace_macros::trace_layer;
 /// let session = Session::start(ModelTracerConfig::full());
 /// attention(&[0.7, 0.2, 0.1, 0.1, 0.1, 0.8], &[2, 1, 3]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let rows = tracer.attention_traces();
 ///     assert_eq!(rows.len(), 2);
 ///     assert_eq!(rows[1].head_idx, 1);
@@ -348,7 +349,7 @@ pub use trace_macros::trace_attention;
 /// let session = Session::start(config);
 /// lm_head(&[0.1, 0.3, 0.2]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let token = &tracer.logit_traces()[0].tracked_tokens[0];
 ///     assert_eq!(token.final_rank(), Some(1));
 /// }
@@ -390,7 +391,7 @@ pub use trace_macros::trace_logits;
 /// cache.append([0.0; 4]);
 /// cache.append([1.0; 4]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let steps = &tracer.kv_trace().steps;
 ///     assert_eq!(steps[1].valid_positions, 2);
 ///     assert_eq!(steps[1].cache_size_bytes, 32);
@@ -437,7 +438,7 @@ pub use trace_macros::trace_kv_cache;
 /// let session = Session::start(ModelTracerConfig::full());
 /// linear.forward(&[1.0, 1.0, 1.0]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let site = &tracer.quant_traces()[0].traces[0];
 ///     assert_eq!(site.site, "blk.0.ffn_up");
 ///     assert_eq!(site.quant_type, QuantType::Q4_1);
@@ -473,7 +474,7 @@ pub use trace_macros::trace_quant;
 /// let session = Session::start(ModelTracerConfig::lightweight());
 /// block(&[2.0, -4.0]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     let layer = &tracer.activation_traces()[0].layers[0];
 ///     assert_eq!(layer.stage("attn_in").map(|s| s.mean), Some(-0.5));
 ///     assert_eq!(layer.stages[1].0, "gate");
@@ -503,7 +504,7 @@ pub use trace_macros::trace_tensor;
 /// let session = Session::start(ModelTracerConfig::full());
 /// block(&[1.0]);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     assert_eq!(tracer.attention_traces()[0].layer_idx, 2);
 /// }
 /// ```
@@ -525,7 +526,7 @@ pub use trace_macros::trace_attention_value;
 /// let session = Session::start(ModelTracerConfig::full());
 /// early_exit(&[0.2, 0.1], 4);
 /// let tracer = session.finish();
-/// if cfg!(feature = "enabled") {
+/// if model_trace::ENABLED {
 ///     assert_eq!(tracer.logit_traces().len(), 1);
 /// }
 /// ```

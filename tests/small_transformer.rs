@@ -865,6 +865,30 @@ fn panic_inside_a_layer_leaves_the_next_pass_clean() {
 }
 
 #[test]
+fn enabled_says_whether_tracing_is_compiled_in_and_the_summary_says_when_it_is_not() {
+    assert_eq!(model_trace::ENABLED, cfg!(feature = "enabled"));
+    let model = Model::new(SEED);
+    let session = session(ModelTracerConfig::full());
+    decode(&model, &PROMPT[..1]);
+    let summary = session.finish().summary();
+    let text = summary.to_string();
+    if model_trace::ENABLED {
+        assert!(!summary.tracing_compiled_out);
+        assert!(
+            text.starts_with("ModelTracer Summary:\n  Forward passes: 1"),
+            "{text}"
+        );
+    } else {
+        assert!(summary.tracing_compiled_out);
+        assert_eq!(
+            text,
+            "ModelTracer Summary: tracing is compiled out: build with --features enabled (or \
+             your crate's feature forwarding to it)"
+        );
+    }
+}
+
+#[test]
 fn a_decode_step_with_nan_logits_is_an_anomaly_of_its_logits() {
     let mut model = Model::new(SEED);
     // The final norm turns every logit into NaN; every block is healthy.

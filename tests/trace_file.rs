@@ -336,6 +336,26 @@ mod enabled {
     }
 
     #[test]
+    fn the_entropy_of_a_row_with_one_key_is_written_as_zero() {
+        let dir = scratch_dir("entropy");
+        let path = dir.join("run.ndjson");
+        let session = Session::builder(ModelTracerConfig::full())
+            .trace_file(&path)
+            .start()
+            .expect("starts");
+        // The first step attends to one cached key: weight 1, entropy 0.
+        Model::new(1).generate(1);
+        session.finish();
+        let text = std::fs::read_to_string(&path).expect("written");
+        let attention = text
+            .lines()
+            .find(|line| line.starts_with(r#"{"event":"attention""#))
+            .expect("an attention event");
+        assert!(attention.contains(r#""entropy":0.0,"#), "{attention}");
+        assert!(!text.contains(r#""entropy":-0.0"#));
+    }
+
+    #[test]
     fn a_cut_last_line_is_reported_and_everything_before_it_is_read() {
         let dir = scratch_dir("cut");
         let path = dir.join("run.ndjson");

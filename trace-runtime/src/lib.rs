@@ -11,6 +11,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+/// Whether tracing is compiled in: `true` with the `enabled` feature (of the `model-trace`
+/// crate, or of your crate's feature forwarding to it). Without it, sessions record nothing,
+/// [`tracepoints()`] is empty and a session's summary says that tracing is compiled out.
+pub const ENABLED: bool = cfg!(feature = "enabled");
+
 mod analysis;
 mod format;
 mod record;
@@ -24,7 +29,10 @@ mod tensor;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use analysis::{analyze_attention, attention, compare, find_anomalies, AttentionAnalysis, AttentionAnalyzer, Specialization};
+pub use analysis::{
+    analyze_attention, attention, compare, find_anomalies, AttentionAnalysis, AttentionAnalyzer,
+    Specialization,
+};
 pub use format::*;
 pub use record::*;
 pub use registry::*;

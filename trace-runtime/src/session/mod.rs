@@ -46,7 +46,9 @@
 //!   process never overwrite each other's files; they are flushed at the end of every forward
 //!   pass and when the session ends: at `finish`, when it is dropped, also while a panic unwinds.
 //! * **Feature `enabled` off:** the API exists, nothing is recorded and no file is written;
-//!   `finish` returns an empty tracer with the configuration it was given.
+//!   `finish` returns an empty tracer with the configuration it was given, whose summary says
+//!   in one line that tracing is compiled out. [`ENABLED`](crate::ENABLED) tells the two builds
+//!   apart.
 //!
 //! [`finish`]: Session::finish
 //! [`finish_with_errors`]: Session::finish_with_errors
@@ -276,7 +278,7 @@ impl Session {
     /// The tracer of a session that recorded nothing: compiled out, or never started.
     fn tracer_without_session(&mut self) -> ModelTracer {
         #[cfg(not(feature = "enabled"))]
-        return ModelTracer::new(std::mem::take(&mut self.config));
+        return ModelTracer::compiled_out(std::mem::take(&mut self.config));
         #[cfg(feature = "enabled")]
         ModelTracer::new(ModelTracerConfig::default())
     }

@@ -67,6 +67,9 @@ pub struct ModelTracer {
     /// The pass recorded by hand, when the manual API opened it.
     #[serde(skip)]
     manual: Option<PassRecorder>,
+    /// Handed back by a session of a build without the `enabled` feature.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    compiled_out: bool,
 }
 
 /// The pass in progress and its entries, by index.
@@ -85,6 +88,22 @@ impl ModelTracer {
             config,
             ..Self::default()
         }
+    }
+
+    /// What [`Session::finish`](crate::Session::finish) returns in a build without the
+    /// `enabled` feature: empty, and its summary says that tracing is compiled out.
+    #[cfg_attr(feature = "enabled", allow(dead_code))]
+    pub(crate) fn compiled_out(config: ModelTracerConfig) -> Self {
+        Self {
+            compiled_out: true,
+            ..Self::new(config)
+        }
+    }
+
+    /// Whether this tracer comes from a session of a build without the `enabled` feature (see
+    /// [`ENABLED`](crate::ENABLED)): nothing could be recorded.
+    pub fn is_compiled_out(&self) -> bool {
+        self.compiled_out
     }
 
     /// The configuration.
@@ -773,10 +792,40 @@ mod tests {
             tracer.summary(),
             ModelTracerSummary {
                 memory_limit_bytes: crate::DEFAULT_MEMORY_LIMIT_BYTES,
+                attention_traced: true,
+                logits_traced: true,
+                kv_cache_traced: true,
+                quant_traced: true,
                 ..ModelTracerSummary::default()
             }
         );
         assert!(tracer.summary().to_string().contains("Avg hit rate: n/a"));
+    }
+
+    #[test]
+    fn the_summary_shows_only_the_kinds_traced() {
+        let activations_only = ModelTracerConfig {
+            trace_activations: true,
+            ..ModelTracerConfig::default()
+        };
+        let text = ModelTracer::new(activations_only).summary().to_string();
+        assert!(text.contains("Anomalies: 0"), "{text}");
+        for absent in ["Attention", "Logit", "KV", "Avg hit rate", "Quant"] {
+            assert!(!text.contains(absent), "{absent:?} in\n{text}");
+        }
+        let light = ModelTracer::new(ModelTracerConfig::lightweight()).summary();
+        let text = light.to_string();
+        assert!(text.contains("KV cache steps: 0"), "{text}");
+        assert!(
+            !text.contains("Quant") && !text.contains("Attention"),
+            "{text}"
+        );
+        // A summary read back without the flags still shows what was recorded.
+        let recorded = ModelTracerSummary {
+            quant_traces: 3,
+            ..ModelTracerSummary::default()
+        };
+        assert!(recorded.to_string().contains("Quant traces: 3"));
     }
 
     #[test]
@@ -803,6 +852,22 @@ mod tests {
         tracer.record_logits(3, &[f32::NAN; 4]);
         assert!(tracer.end_forward().is_some());
         assert_eq!(tracer.summary().anomalies_detected, 2);
+    }
+
+    #[test]
+    fn a_compiled_out_tracer_says_so_in_one_line() {
+        let summary = ModelTracer::compiled_out(ModelTracerConfig::full()).summary();
+        assert!(summary.tracing_compiled_out);
+        assert_eq!(
+            summary.to_string(),
+            "ModelTracer Summary: tracing is compiled out: build with --features enabled \
+             (or your crate's feature forwarding to it)"
+        );
+        let json = ModelTracer::compiled_out(ModelTracerConfig::full()).summary_to_json();
+        assert!(json.contains(r#""tracing_compiled_out":true"#), "{json}");
+        assert!(!ModelTracer::new(ModelTracerConfig::full())
+            .summary_to_json()
+            .contains("compiled_out"));
     }
 
     #[test]

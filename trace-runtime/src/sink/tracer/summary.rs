@@ -75,7 +75,13 @@ impl Totals {
 
     pub(super) fn summary(&self, tracer: &ModelTracer) -> ModelTracerSummary {
         let kv = &tracer.kv_trace;
+        let config = &tracer.config;
         ModelTracerSummary {
+            tracing_compiled_out: tracer.compiled_out,
+            attention_traced: config.trace_attention,
+            logits_traced: config.trace_logits,
+            kv_cache_traced: config.trace_kv_cache,
+            quant_traced: config.trace_quant_error,
             total_forwards: self.passes,
             layers_per_pass: self.max_layers,
             anomalies_detected: self.anomalous_passes,
@@ -104,9 +110,26 @@ impl Totals {
     }
 }
 
-/// Totals of a [`ModelTracer`]; `Display` prints a short report.
+/// Totals of a [`ModelTracer`]; `Display` prints a short report, with the lines of attention,
+/// logits, KV cache and quantization only when that kind was traced or recorded.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelTracerSummary {
+    /// The tracer comes from a session of a build without the `enabled` feature: nothing could
+    /// be recorded, and `Display` says only that.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tracing_compiled_out: bool,
+    /// Attention was traced ([`ModelTracerConfig::trace_attention`](crate::ModelTracerConfig)).
+    #[serde(default)]
+    pub attention_traced: bool,
+    /// Logits were traced.
+    #[serde(default)]
+    pub logits_traced: bool,
+    /// The KV cache was traced.
+    #[serde(default)]
+    pub kv_cache_traced: bool,
+    /// Quantization error was traced.
+    #[serde(default)]
+    pub quant_traced: bool,
     /// Forward passes begun.
     pub total_forwards: usize,
     /// Most layers recorded in one pass.
@@ -166,6 +189,12 @@ pub struct ModelTracerSummary {
 
 impl fmt::Display for ModelTracerSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.tracing_compiled_out {
+            return f.write_str(
+                "ModelTracer Summary: tracing is compiled out: build with --features enabled \
+                 (or your crate's feature forwarding to it)",
+            );
+        }
         writeln!(f, "ModelTracer Summary:")?;
         writeln!(f, "  Forward passes: {}", self.total_forwards)?;
         writeln!(f, "  Layers per pass: {}", self.layers_per_pass)?;
@@ -176,31 +205,39 @@ impl fmt::Display for ModelTracerSummary {
                 None => write!(f, " (first: {desc})")?,
             }
         }
-        writeln!(f)?;
-        if self.attention_traces == 0 {
-            writeln!(f, "  Attention: none recorded")?;
-        } else {
-            let analysis = self.attention.to_string().replace('\n', "\n  ");
-            writeln!(f, "  Attention: {analysis}")?;
+        if self.attention_traced || self.attention_traces > 0 {
+            if self.attention_traces == 0 {
+                write!(f, "\n  Attention: none recorded")?;
+            } else {
+                let analysis = self.attention.to_string().replace('\n', "\n  ");
+                write!(f, "\n  Attention: {analysis}")?;
+            }
         }
-        writeln!(f, "  Logit traces: {}", self.logit_traces)?;
-        writeln!(f, "  KV cache steps: {}", self.kv_steps)?;
-        writeln!(f, "  KV evictions: {}", self.total_evictions)?;
-        writeln!(f, "  KV peak memory: {}", ByteSize(self.peak_memory_bytes))?;
-        match self.avg_hit_rate {
-            Some(rate) => writeln!(f, "  Avg hit rate: {:.2}%", rate * 100.0)?,
-            None => writeln!(f, "  Avg hit rate: n/a")?,
+        if self.logits_traced || self.logit_traces > 0 {
+            write!(f, "\n  Logit traces: {}", self.logit_traces)?;
         }
-        writeln!(
-            f,
-            "  KV thrashing: {}",
-            if self.kv_thrashing { "yes" } else { "no" }
-        )?;
-        writeln!(f, "  Quant traces: {}", self.quant_traces)?;
-        writeln!(f, "  Quant warnings: {}", self.quant_warnings)?;
-        write!(f, "  Quant criticals: {}", self.quant_criticals)?;
-        if let (Some(cos), Some(site)) = (self.worst_quant_cosine, &self.worst_quant_site) {
-            write!(f, "\n  Worst quant cosine: {cos:.6} ({site})")?;
+        if self.kv_cache_traced || self.kv_steps > 0 {
+            write!(f, "\n  KV cache steps: {}", self.kv_steps)?;
+            write!(f, "\n  KV evictions: {}", self.total_evictions)?;
+            write!(
+                f,
+                "\n  KV peak memory: {}",
+                ByteSize(self.peak_memory_bytes)
+            )?;
+            match self.avg_hit_rate {
+                Some(rate) => write!(f, "\n  Avg hit rate: {:.2}%", rate * 100.0)?,
+                None => write!(f, "\n  Avg hit rate: n/a")?,
+            }
+            let thrashing = if self.kv_thrashing { "yes" } else { "no" };
+            write!(f, "\n  KV thrashing: {thrashing}")?;
+        }
+        if self.quant_traced || self.quant_traces > 0 {
+            write!(f, "\n  Quant traces: {}", self.quant_traces)?;
+            write!(f, "\n  Quant warnings: {}", self.quant_warnings)?;
+            write!(f, "\n  Quant criticals: {}", self.quant_criticals)?;
+            if let (Some(cos), Some(site)) = (self.worst_quant_cosine, &self.worst_quant_site) {
+                write!(f, "\n  Worst quant cosine: {cos:.6} ({site})")?;
+            }
         }
         if self.warnings > 0 {
             write!(f, "\n  Warnings: {}", self.warnings)?;
