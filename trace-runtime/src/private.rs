@@ -116,7 +116,8 @@ impl Callsite {
     }
 
     fn note_error(&'static self, kind: RecordErrorKind, message: String) {
-        state::with_active(|session| session.note_error(Some(&self.tracepoint), kind, message));
+        let tracepoint = self.tracepoint();
+        state::with_active(|session| session.note_error(Some(tracepoint), kind, message));
     }
 }
 
@@ -589,7 +590,7 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
     let Some(tensor) = tensor else {
         cs.note_error(
             RecordErrorKind::NotATensor,
-            format!("stage `{stage}`: the value is not a tensor"),
+            format!("stage `{stage}`: the value is not a tensor{NOT_A_TENSOR}"),
         );
         return;
     };
@@ -605,6 +606,11 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
     }
 }
 
+/// What a "not a tensor" error adds: what is one.
+const NOT_A_TENSOR: &str = " (tensors are what implement `TraceTensor`: candle's `Tensor`, \
+     ndarray's arrays, `[f32]`, `[f32; N]`, `Vec<f32>`, `TensorRef`, and references, boxes, \
+     `Ok` and `Some` of these; wrap other buffers in a `TensorRef`)";
+
 /// Attention probabilities `[batch, heads, q_len, k_len]` (missing leading dimensions are 1):
 /// every row of every batch row. `layer` `None`: the enclosing layer, else one past the last
 /// layer of the pass.
@@ -619,7 +625,7 @@ pub fn record_attention(
     let Some(probs) = probs else {
         cs.note_error(
             RecordErrorKind::NotATensor,
-            "attention: the value is not a tensor".to_owned(),
+            format!("attention: the value is not a tensor{NOT_A_TENSOR}"),
         );
         return;
     };
@@ -645,6 +651,13 @@ pub fn record_attention(
         );
         return;
     };
+    if k_len == 0 {
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!("attention: shape {shape:?} has no keys (k_len 0)"),
+        );
+        return;
+    }
     let needed = batch
         .checked_mul(heads)
         .and_then(|n| n.checked_mul(q_len))
@@ -656,7 +669,7 @@ pub fn record_attention(
         if !fits {
             return;
         }
-        for (index, weights) in data.chunks_exact(k_len.max(1)).enumerate() {
+        for (index, weights) in data.chunks_exact(k_len).enumerate() {
             let (b, rest) = (index / (heads * q_len), index % (heads * q_len));
             let (head, row) = (rest / q_len, rest % q_len);
             let query_pos = (k_len + row).saturating_sub(q_len);
@@ -725,7 +738,7 @@ pub fn record_logits(
     let Some(logits) = logits else {
         cs.note_error(
             RecordErrorKind::NotATensor,
-            "logits: the value is not a tensor".to_owned(),
+            format!("logits: the value is not a tensor{NOT_A_TENSOR}"),
         );
         return;
     };
@@ -744,6 +757,13 @@ pub fn record_logits(
             return;
         }
     };
+    if vocab == 0 {
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!("logits: shape {shape:?} has an empty vocabulary"),
+        );
+        return;
+    }
     let generation = state::active_generation();
     let Some((pass, layer, plan, top_k, tracked)) = state::with_session(generation, |s| {
         let pass = s.open_pass(cs.tracepoint());
@@ -764,7 +784,7 @@ pub fn record_logits(
     let mut fits = true;
     let (mut positions, mut values) = (Vec::new(), Vec::new());
     let mut read_rows = |data: &[f32]| {
-        fits = vocab > 0 && needed.is_some_and(|needed| needed == data.len());
+        fits = needed.is_some_and(|needed| needed == data.len());
         if !fits {
             return;
         }
@@ -811,6 +831,21 @@ pub fn record_logits(
             format!("logits: shape {shape:?} does not match the data"),
         );
         return;
+    }
+    // A tracked token past the row is kept (logit NaN, rank past the last), and said: it is
+    // most likely a vocabulary that does not match the tokenizer's.
+    if let Some(&token) = tracked
+        .iter()
+        .flatten()
+        .find(|&&token| token as usize >= vocab)
+    {
+        cs.note_error(
+            RecordErrorKind::Shape,
+            format!(
+                "logits: tracked token {token} is beyond the row's {vocab} logits \
+                 (a vocabulary that does not match the tokenizer?)"
+            ),
+        );
     }
     state::with_session(generation, |s| {
         s.add_logits_stats(layer, &summary.stats);
@@ -883,7 +918,7 @@ pub fn record_quant(
     let (Some(quantized), Some(reference)) = (quantized, reference) else {
         cs.note_error(
             RecordErrorKind::NotATensor,
-            "quant: the output or the reference output is not a tensor".to_owned(),
+            format!("quant: the output or the reference output is not a tensor{NOT_A_TENSOR}"),
         );
         return;
     };
