@@ -251,7 +251,11 @@ pub use trace_macros::trace_model;
 ///
 /// Arguments, all optional:
 /// - `index = EXPR`: the layer index (any integer type); by default the layer calls of the
-///   current forward pass are numbered 0, 1, 2, ...
+///   current forward pass are numbered 0, 1, 2, ... in the order they are entered. A
+///   `#[trace_layer]` called inside another is a layer call of its own (the outer one is
+///   numbered first) and takes the stages recorded while it runs; layers are filed when they
+///   return, so the inner one comes first in the records. Give sub-blocks another annotation
+///   (`trace_tensor!` stages) unless you want them counted as layers.
 /// - `input = EXPR`: the input tensor; by default the first argument that is a tensor
 ///   (`self` is never the input).
 /// - `name = "..."`: the tracepoint's name; by default the function's name.

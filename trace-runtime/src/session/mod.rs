@@ -88,10 +88,10 @@ pub const CAPTURE_ENV_VAR: &str = "MODEL_TRACE_CAPTURE";
 /// ends it the same way (the trace file is complete) but discards the in-memory records.
 ///
 /// ```compile_fail
-/// fn send<T: Send>(_: T) {}
-/// send(trace_runtime::Session::start(trace_runtime::ModelTracerConfig::lightweight()));
-/// ```
 /// # use trace_runtime as model_trace;
+/// fn send<T: Send>(_: T) {}
+/// send(model_trace::Session::start(model_trace::ModelTracerConfig::lightweight()));
+/// ```
 #[must_use = "a session records until it is finished; dropping it discards the in-memory records"]
 pub struct Session {
     generation: u32,
@@ -496,13 +496,18 @@ impl SessionBuilder {
     /// `lenient`: a value that cannot be used is reported and ignored rather than an error.
     fn build(mut self, lenient: bool) -> Result<Session, SessionError> {
         let mut setup_errors = Vec::new();
-        let mut refuse = |error: SessionError, origin: Option<&str>| -> Result<(), SessionError> {
+        // `instead`: what the session does without the value, said so nobody has to guess.
+        let mut refuse = |error: SessionError,
+                          origin: Option<&str>,
+                          instead: &str|
+         -> Result<(), SessionError> {
             if lenient {
                 let origin = origin.map_or_else(String::new, |var| format!("{var}: "));
+                let message = format!("{origin}{error}; {instead}");
                 if cfg!(feature = "enabled") {
-                    eprintln!("model-trace: {origin}{error}; going on without it");
+                    eprintln!("model-trace: {message}");
                 }
-                setup_errors.push((RecordErrorKind::Config, format!("{origin}{error}; ignored")));
+                setup_errors.push((RecordErrorKind::Config, message));
                 Ok(())
             } else {
                 Err(error)
@@ -514,7 +519,11 @@ impl SessionBuilder {
             None => match TraceFilter::parse(filter_text.as_deref().unwrap_or("")) {
                 Ok(filter) => filter,
                 Err(error) => {
-                    refuse(SessionError::Filter(error), filter_from_env)?;
+                    refuse(
+                        SessionError::Filter(error),
+                        filter_from_env,
+                        "going on without the whole filter: every tracepoint is traced",
+                    )?;
                     TraceFilter::all()
                 }
             },
@@ -530,7 +539,11 @@ impl SessionBuilder {
         {
             Ok(capture) => capture.filter(|c| !c.is_empty()),
             Err(error) => {
-                refuse(SessionError::Capture(error), capture_from_env)?;
+                refuse(
+                    SessionError::Capture(error),
+                    capture_from_env,
+                    "going on without captures",
+                )?;
                 None
             }
         };
@@ -550,11 +563,19 @@ impl SessionBuilder {
                     self.sinks.insert(0, Box::new(sink));
                     trace_file = Some(path);
                 }
-                Err(source) => refuse(SessionError::CreateFile { path, source }, file_from_env)?,
+                Err(source) => refuse(
+                    SessionError::CreateFile { path, source },
+                    file_from_env,
+                    "going on without a trace file",
+                )?,
             }
         }
         if capture.is_some() && capture_writer.is_none() && trace_file.is_none() {
-            refuse(SessionError::CaptureWithoutFile, capture_from_env)?;
+            refuse(
+                SessionError::CaptureWithoutFile,
+                capture_from_env,
+                "going on without captures",
+            )?;
         }
         let origin = filter_from_env.unwrap_or("filter");
         for pattern in filter.unmatched(&crate::tracepoints()) {
@@ -628,10 +649,7 @@ impl SessionBuilder {
             config: self.config.clone(),
             filter: filter.to_string(),
             capture: capture.map(ToString::to_string).unwrap_or_default(),
-            tracepoints: crate::tracepoints()
-                .into_iter()
-                .map(TracepointInfo::from)
-                .collect(),
+            tracepoints: TracepointInfo::all(),
             metadata: self.metadata.clone(),
         }
     }
