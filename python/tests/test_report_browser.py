@@ -8,6 +8,7 @@ browser versions would break). The controls are tried too: another pass, another
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,8 @@ def test_the_report_loads_cleanly_and_every_section_draws(report, browser):
             ink, colours = drawn(element.screenshot())
             assert ink > 0.01 and colours > 8, f"{plot} looks blank: {ink:.3%} drawn, {colours} colours"
     assert page.locator("#diff .ok").inner_text().startswith("no divergence")
+    words = re.findall(r"\b(?:null|undefined|NaN|\[object \w+\])", page.locator("body").inner_text())
+    assert words == [], "a script value leaked into the page's text"
     assert problems == []
 
 

@@ -34,11 +34,17 @@ pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
         "{}",
         colors.bold(&format!("tracepoints ({}):", header.tracepoints.len()))
     );
+    // The selector (what `MODEL_TRACE` takes to pick this one alone) where the writer gave it.
     for tp in &header.tracepoints {
+        let shown = if tp.selector.is_empty() {
+            &tp.name
+        } else {
+            &tp.selector
+        };
         let _ = writeln!(
             out,
             "  {:<9}  {}  ({} at {}:{})",
-            tp.kind, tp.name, tp.function, tp.file, tp.line
+            tp.kind, shown, tp.function, tp.file, tp.line
         );
     }
     let _ = writeln!(out, "{} {}", colors.bold("passes:"), passes(&positions));
@@ -92,7 +98,7 @@ pub(crate) fn describe_header(
         "{} {} ({}, schema {}, written by {})",
         colors.bold("trace:"),
         path.display(),
-        load::megabytes(bytes),
+        load::file_size(bytes),
         header.schema,
         header.writer
     )?;

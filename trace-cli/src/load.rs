@@ -70,13 +70,27 @@ fn progress_bar(path: &Path, total: u64) -> Option<ProgressBar> {
     Some(bar)
 }
 
-/// The size of a file, for messages.
-pub(crate) fn megabytes(bytes: u64) -> String {
+/// The size of a file, for messages: two or three significant digits, in kB below 1 MB.
+pub(crate) fn file_size(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
-    let mb = bytes as f64 / 1e6;
-    if mb >= 10.0 {
-        format!("{mb:.0} MB")
-    } else {
-        format!("{mb:.1} MB")
+    let (kb, mb) = (bytes as f64 / 1e3, bytes as f64 / 1e6);
+    match bytes {
+        0..1_000 => format!("{bytes} bytes"),
+        1_000..1_000_000 => format!("{kb:.0} kB"),
+        1_000_000..10_000_000 => format!("{mb:.1} MB"),
+        _ => format!("{mb:.0} MB"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_size;
+
+    #[test]
+    fn file_sizes_keep_their_digits() {
+        assert_eq!(file_size(512), "512 bytes");
+        assert_eq!(file_size(47_093), "47 kB");
+        assert_eq!(file_size(1_234_567), "1.2 MB");
+        assert_eq!(file_size(277_000_000), "277 MB");
     }
 }

@@ -87,7 +87,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     let mut said = format!(
         "wrote {} ({}): {} passes, {} layers",
         output.display(),
-        load::megabytes(html.len() as u64),
+        load::file_size(html.len() as u64),
         data.passes.len(),
         data.layers
     );

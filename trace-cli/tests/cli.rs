@@ -105,6 +105,17 @@ fn list_and_summary_describe_a_trace() {
     ] {
         assert!(listed.contains(expected), "{expected:?} not in\n{listed}");
     }
+    // Each tracepoint is listed by the pattern that selects it alone, as the header gives it.
+    let header = std::fs::read_to_string(path).unwrap();
+    let header: serde_json::Value = serde_json::from_str(header.lines().next().unwrap()).unwrap();
+    let tracepoints = header["tracepoints"].as_array().unwrap();
+    assert!(!tracepoints.is_empty());
+    for tp in tracepoints {
+        let (kind, selector) = (tp["kind"].as_str().unwrap(), tp["selector"].as_str());
+        let selector = selector.unwrap_or_else(|| panic!("no selector in {tp}"));
+        let line = format!("  {kind:<9}  {selector}  (");
+        assert!(listed.contains(&line), "{line:?} not in\n{listed}");
+    }
     let summary = run(&["summary", path]);
     assert!(summary.status.success(), "{}", text(&summary));
     let summarized = text(&summary);

@@ -115,7 +115,7 @@ impl Tracepoint {
         self.selector_among(&tracepoints())
     }
 
-    fn selector_among(&self, all: &[&Tracepoint]) -> String {
+    pub(crate) fn selector_among(&self, all: &[&Tracepoint]) -> String {
         let selects_only_self = |text: &str| {
             TraceFilter::parse(text).is_ok_and(|filter| {
                 filter.admits(self) && !all.iter().any(|tp| *tp != self && filter.admits(tp))

@@ -497,7 +497,7 @@
         const a = byKey.get(p.layer + "." + p.heads[0]), b = byKey.get(p.layer + "." + p.heads[1]);
         return [p.layer, `H${p.heads[0]} ~ H${p.heads[1]}`, fmt(p.similarity), `${SPECIALIZATIONS[a.specialization][0]} / ${SPECIALIZATIONS[b.specialization][0]}`];
       })) : h("p", { class: "note" }, "none: no two heads of a layer put ≥ 90% of their mass in the same places"),
-      A.redundant.length > pairs.length ? h("p", { class: "note" }, `and ${A.redundant.length - pairs.length} more (model-trace summary --json lists them all)`) : null);
+      A.redundant.length > pairs.length ? h("p", { class: "note" }, `and ${A.redundant.length - pairs.length} more (model-trace summary --json lists them all)`) : "");
     sec.append(h("details", {}, h("summary", {}, "how heads are judged"), h("p", { class: "note" },
       "A row is judged against the keys it could see (keys 0..q for causal attention) and only if it saw at least 4. Per head, over its judged rows, the first rule met: first-token sink (mean weight on key 0 ≥ 0.5 and ≥ 3× the uniform share), previous-token (mean weight on key q−1 ≥ 0.5), positional (one argmax offset, other than −1, in ≥ 70% of rows), local window (mean mass within 2 keys of the query ≥ 0.7), broad (mean normalized entropy ≥ 0.8), else mixed. Redundant: mean overlap Σ min(w₁, w₂) ≥ 0.9 over rows of the same query.")));
   }

@@ -78,17 +78,36 @@ pub struct TracepointInfo {
     pub file: String,
     /// Line.
     pub line: u32,
+    /// The shortest filter pattern that selects this tracepoint alone among the program's
+    /// ([`Tracepoint::selector`]); empty when the writer did not say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
 }
 
-impl From<&Tracepoint> for TracepointInfo {
-    fn from(tracepoint: &Tracepoint) -> Self {
+impl TracepointInfo {
+    /// Every tracepoint of the program, in [`tracepoints`](crate::tracepoints)' order.
+    pub(crate) fn all() -> Vec<Self> {
+        let all = crate::tracepoints();
+        all.iter()
+            .map(|tracepoint| Self::with_selector(tracepoint, tracepoint.selector_among(&all)))
+            .collect()
+    }
+
+    fn with_selector(tracepoint: &Tracepoint, selector: String) -> Self {
         Self {
             kind: tracepoint.kind,
             name: tracepoint.name.to_owned(),
             function: tracepoint.path(),
             file: tracepoint.file.to_owned(),
             line: tracepoint.line,
+            selector,
         }
+    }
+}
+
+impl From<&Tracepoint> for TracepointInfo {
+    fn from(tracepoint: &Tracepoint) -> Self {
+        Self::with_selector(tracepoint, tracepoint.selector())
     }
 }
 
