@@ -238,7 +238,13 @@ impl TracedFn {
     fn body(&self, code_follows: bool) -> TokenStream {
         let mut block = self.func.block.clone();
         if !code_follows {
-            return block.into_token_stream();
+            // The statements in braces of ours: the user's own one-line braces as the tail of
+            // our block would draw rustc's `unused_braces` warning (with a suggestion that does
+            // not compile), which the untraced build does not have. Braces of the expansion are
+            // not linted; a block they keep (not the bare statements) keeps the items of a
+            // stacked attribute's expansion apart from ours.
+            let stmts = &block.stmts;
+            return quote!({ #(#stmts)* });
         }
         let label = ReturnToBreak::rewrite(&mut block).then(|| {
             let label = body_label();
