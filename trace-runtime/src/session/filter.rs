@@ -323,7 +323,7 @@ fn split_kind(text: &str) -> Result<(Option<TracepointKind>, &str), String> {
 }
 
 /// Glob match with `*` and `?`, iterative with one backtrack point: linear in practice.
-fn glob_match(glob: &str, text: &str) -> bool {
+pub(crate) fn glob_match(glob: &str, text: &str) -> bool {
     let glob: Vec<char> = glob.chars().collect();
     let text: Vec<char> = text.chars().collect();
     let (mut g, mut t) = (0, 0);

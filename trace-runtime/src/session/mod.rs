@@ -68,6 +68,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use capture::CaptureFilter;
 pub use config::{ModelTracerConfig, DEFAULT_MEMORY_LIMIT_BYTES};
 pub use errors::{RecordError, RecordErrorKind, MAX_DISTINCT_ERRORS};
+pub(crate) use filter::glob_match;
 pub use filter::{FilterError, TraceFilter};
 
 use crate::format::{self, CaptureWriter, DEFAULT_CAPTURE_CHUNK_BYTES};

@@ -7,6 +7,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::session::glob_match;
+
 /// Polygraphy's default absolute tolerance (for FP32 comparisons).
 pub const DEFAULT_ATOL: f64 = 1e-5;
 /// Polygraphy's default relative tolerance (for FP32 comparisons).
@@ -149,34 +151,6 @@ fn parse_argument(argument: &str, what: &str) -> Result<(Option<String>, f64), T
         )));
     }
     Ok((name, value))
-}
-
-/// Glob match with `*` and `?`.
-pub(crate) fn glob_match(glob: &str, text: &str) -> bool {
-    let (glob, text): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
-    let (mut g, mut t) = (0, 0);
-    let mut backtrack: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match glob.get(g) {
-            Some('*') => {
-                backtrack = Some((g, t));
-                g += 1;
-            }
-            Some(&c) if c == '?' || c == text[t] => {
-                g += 1;
-                t += 1;
-            }
-            _ => match backtrack {
-                Some((star, matched)) => {
-                    g = star + 1;
-                    t = matched + 1;
-                    backtrack = Some((star, matched + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|&c| c == '*')
 }
 
 #[cfg(test)]
