@@ -11,42 +11,14 @@
 //! Sessions are built with `Session::builder`, which reads no environment variable.
 #![cfg(feature = "enabled")]
 
-use std::borrow::Cow;
-use std::cell::RefCell;
-use std::rc::Rc;
+mod common;
 
 use model_trace::{
-    trace_attention, trace_logits, trace_model, Event, LogitRow, ModelTracer, ModelTracerConfig,
-    Session, SinkError, TensorRef, TraceSink,
+    trace_attention, trace_logits, trace_model, Event, ModelTracer, ModelTracerConfig, Session,
+    TensorRef,
 };
 
-/// Keeps every event the session sends, as a trace file would write them.
-#[derive(Clone, Default)]
-struct Events(Rc<RefCell<Vec<Event>>>);
-
-impl TraceSink for Events {
-    fn name(&self) -> Cow<'_, str> {
-        "events".into()
-    }
-
-    fn event(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.0.borrow_mut().push(event.clone());
-        Ok(())
-    }
-}
-
-impl Events {
-    fn logit_rows(&self) -> Vec<Vec<LogitRow>> {
-        self.0
-            .borrow()
-            .iter()
-            .filter_map(|event| match event {
-                Event::Logits(logits) => Some(logits.batch_rows.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-}
+use common::Events;
 
 fn run(config: ModelTracerConfig, forward: impl FnOnce()) -> (ModelTracer, Events) {
     let events = Events::default();

@@ -8,73 +8,17 @@
 //! Sessions are built with `Session::builder`, which reads no environment variable.
 #![cfg(feature = "enabled")]
 
+mod common;
+
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 use model_trace::{
     trace_attention, trace_layer, trace_logits, trace_model, trace_quant, trace_tensor, Event,
-    ModelTracer, ModelTracerConfig, RecordError, RecordErrorKind, Session, SinkError, TensorError,
-    TraceSink, TraceTensor, MAX_DISTINCT_ERRORS,
+    ModelTracer, ModelTracerConfig, RecordError, RecordErrorKind, Session, TensorError,
+    TraceTensor, MAX_DISTINCT_ERRORS,
 };
 
-/// Keeps every event the session sends, as a trace file would write them.
-#[derive(Clone, Default)]
-struct Events(Rc<RefCell<Vec<Event>>>);
-
-impl TraceSink for Events {
-    fn name(&self) -> Cow<'_, str> {
-        "events".into()
-    }
-
-    fn event(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.0.borrow_mut().push(event.clone());
-        Ok(())
-    }
-}
-
-impl Events {
-    fn errors(&self) -> Vec<model_trace::ErrorEvent> {
-        self.0
-            .borrow()
-            .iter()
-            .filter_map(|event| match event {
-                Event::Error(error) => Some(error.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn session_end(&self) -> model_trace::SessionEnd {
-        self.0
-            .borrow()
-            .iter()
-            .find_map(|event| match event {
-                Event::SessionEnd(end) => Some(end.clone()),
-                _ => None,
-            })
-            .expect("a finished session sends session_end")
-    }
-
-    fn count(&self, matches: impl Fn(&Event) -> bool) -> usize {
-        self.0
-            .borrow()
-            .iter()
-            .filter(|event| matches(event))
-            .count()
-    }
-
-    fn layers(&self) -> Vec<model_trace::LayerEvent> {
-        self.0
-            .borrow()
-            .iter()
-            .filter_map(|event| match event {
-                Event::Layer(layer) => Some(layer.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-}
+use common::Events;
 
 fn start(config: ModelTracerConfig) -> (Session, Events) {
     let events = Events::default();

@@ -9,16 +9,18 @@
 //! Sessions are built with `Session::builder`, which reads no environment variable.
 #![cfg(feature = "enabled")]
 
+mod common;
+
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
 use model_trace::{
     trace_attention, trace_layer, trace_logits, trace_model, trace_quant, trace_tensor, Event,
-    ModelTracer, ModelTracerConfig, Session, SinkError, TensorError, TraceSink, TraceTensor,
+    ModelTracer, ModelTracerConfig, Session, TensorError, TraceTensor,
 };
+
+use common::Events;
 
 fn start(config: ModelTracerConfig, filter: &str) -> Session {
     Session::builder(config)
@@ -384,21 +386,6 @@ fn a_session_outliving_the_pass_it_started_in_keeps_its_own_pass() {
     // The inner session: one implicit pass, unbroken by the outer pass's end.
     assert_eq!(inner.forward_passes(), 1);
     assert_eq!(layers_by_pass(&inner), [vec![0, 1]]);
-}
-
-/// Keeps every event the session sends.
-#[derive(Clone, Default)]
-struct Events(Rc<RefCell<Vec<Event>>>);
-
-impl TraceSink for Events {
-    fn name(&self) -> Cow<'_, str> {
-        "events".into()
-    }
-
-    fn event(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.0.borrow_mut().push(event.clone());
-        Ok(())
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
