@@ -3,13 +3,16 @@
 //! microseconds, complete events properly nested per thread, instants with a scope, metadata
 //! naming the threads), against the trace files it came from, and on a file cut short.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use model_trace::{
     trace_kv_cache, trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session,
 };
+
+use common::{run, scratch, text};
 use serde_json::Value;
 
 /// Blocks in the model; each calls one nested layer (its MLP, numbered 100 + block).
@@ -111,30 +114,6 @@ fn two_threads(dir: &Path) -> (PathBuf, PathBuf) {
             scope.spawn(|| trace_on_thread(dir, "b.ndjson", "worker-b", Model { nan_at: None }));
         (a.join().unwrap(), b.join().unwrap())
     })
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("model-trace-chrome-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_model-trace"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// Converts `files` and returns the parsed JSON and what the command said.

@@ -2,10 +2,13 @@
 //! and `summary` say, and `diff`'s verdicts, JSON and exit codes (0 matched, 1 diverged, 2 bad
 //! input).
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use model_trace::{trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session};
+
+use common::{run, scratch, text};
 
 /// A model whose third stage can be broken on purpose.
 struct Model {
@@ -55,29 +58,6 @@ fn write_trace(dir: &Path, name: &str, model: &Model, capture: Option<&str>) -> 
     }
     session.finish();
     path
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("model-trace-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_model-trace"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 #[test]
