@@ -161,6 +161,7 @@ mod enabled {
         let path = dir.join("run.ndjson");
         let session = Session::builder(ModelTracerConfig::full())
             .trace_file(&path)
+            .in_memory(true)
             .model("tiny")
             .prompt("0.0 0.1 0.2")
             .start()
@@ -220,6 +221,54 @@ mod enabled {
     }
 
     #[test]
+    fn a_file_backed_session_keeps_only_the_summary_unless_asked() {
+        let dir = scratch_dir("summary-only");
+        let run = |path: &Path, keep: Option<bool>| {
+            let builder = Session::builder(ModelTracerConfig::full()).trace_file(path);
+            let builder = match keep {
+                Some(keep) => builder.in_memory(keep),
+                None => builder,
+            };
+            let session = builder.start().expect("starts");
+            let mut model = Model::new(3);
+            model.blocks[1].poison = true;
+            model.generate(3);
+            session.finish()
+        };
+        let by_default = run(&dir.join("default.ndjson"), None);
+        let kept = run(&dir.join("kept.ndjson"), Some(true));
+        assert!(by_default.is_summary_only() && !kept.is_summary_only());
+        assert!(by_default.activation_traces().is_empty());
+        assert!(by_default.attention_traces().is_empty());
+        assert!(by_default.logit_traces().is_empty());
+        assert!(by_default.quant_traces().is_empty());
+        assert!(by_default.kv_trace().steps.is_empty());
+        assert_eq!(kept.activation_traces().len(), 3);
+        // The summary covers every record either way, and says where the records are.
+        let (summary, kept_summary) = (by_default.summary(), kept.summary());
+        assert!(summary.summary_only && !kept_summary.summary_only);
+        assert_eq!(summary.records_dropped, 0);
+        assert_eq!(
+            model_trace::ModelTracerSummary {
+                summary_only: false,
+                ..summary.clone()
+            },
+            kept_summary
+        );
+        assert_eq!((summary.total_forwards, summary.anomalies_detected), (3, 3));
+        assert!(
+            summary.to_string().contains("Records: in the trace file"),
+            "{summary}"
+        );
+        // Without a file, records are kept as before.
+        let session = Session::builder(ModelTracerConfig::full())
+            .start()
+            .expect("starts");
+        Model::new(3).generate(1);
+        assert!(!session.finish().is_summary_only());
+    }
+
+    #[test]
     fn timing_nests_layers_inside_their_pass() {
         let dir = scratch_dir("timing");
         let path = dir.join("run.ndjson");
@@ -250,6 +299,7 @@ mod enabled {
         let path = dir.join("run.ndjson");
         let session = Session::builder(ModelTracerConfig::lightweight())
             .trace_file(&path)
+            .in_memory(true)
             .start()
             .expect("starts");
         let mut model = Model::new(2);
@@ -287,6 +337,7 @@ mod enabled {
         let path = dir.join("run.ndjson");
         let session = Session::builder(ModelTracerConfig::full())
             .trace_file(&path)
+            .in_memory(true)
             .start()
             .expect("starts");
         let mut model = Model::new(2);
@@ -442,6 +493,7 @@ mod enabled {
     fn a_full_disk_stops_the_file_and_is_reported_without_changing_the_model() {
         let session = Session::builder(ModelTracerConfig::full())
             .trace_file("/dev/full")
+            .in_memory(true)
             .start()
             .expect("/dev/full opens");
         let outputs = Model::new(3).generate(3);

@@ -16,27 +16,37 @@
 /// [`tracepoints()`] is empty and a session's summary says that tracing is compiled out.
 pub const ENABLED: bool = cfg!(feature = "enabled");
 
+// The ground floor: the vocabulary every other module speaks.
+mod config;
+mod float;
+mod select;
+mod tracepoint;
+
+// The data path, each module importing only those above it in this list.
 mod analysis;
 mod format;
 mod record;
-mod registry;
 mod session;
 mod sink;
+mod stats;
 mod summary;
 mod tensor;
 
 #[doc(hidden)]
-#[path = "private.rs"]
+#[path = "private/mod.rs"]
 pub mod __private;
 
 pub use analysis::{
     analyze_attention, attention, compare, find_anomalies, AttentionAnalysis, AttentionAnalyzer,
     Specialization,
 };
+pub use config::*;
 pub use format::*;
 pub use record::*;
-pub use registry::*;
+pub use select::*;
 pub use session::*;
 pub use sink::*;
+pub use stats::*;
 pub use summary::*;
 pub use tensor::*;
+pub use tracepoint::*;

@@ -3,9 +3,9 @@
 //! differ on purpose the assertion is ours and a comment says why.
 
 use trace_runtime::{
-    AttentionTraceConfig, AttentionWeightTrace, KvCacheSessionTrace, KvCacheStateTrace,
-    LayerActivationTrace, LogitEvolutionTrace, ModelActivationTrace, ModelTracer,
-    ModelTracerConfig, QuantType, QuantizationErrorTrace, Stage, TensorStats,
+    find_anomalies, AttentionTraceConfig, AttentionWeightTrace, KvCacheSessionTrace,
+    KvCacheStateTrace, LayerActivationTrace, LogitEvolutionTrace, ModelActivationTrace,
+    ModelTracer, ModelTracerConfig, QuantType, QuantizationErrorTrace, Stage, TensorStats,
 };
 
 /// A deterministic hidden state for layer `layer`, so the examples have real data to trace.
@@ -93,7 +93,7 @@ fn layer_activation_trace() {
         assert!((0.0..=1.0).contains(&layer.residual_ratio));
         model_trace.add_layer(layer);
     }
-    model_trace.finalize();
+    model_trace.set_verdict(find_anomalies(&model_trace.layers));
     assert!(!model_trace.has_anomaly, "{:?}", model_trace.anomaly_desc);
     assert_eq!(model_trace.layers.len(), 32);
 
@@ -103,7 +103,7 @@ fn layer_activation_trace() {
         let mut layer = LayerActivationTrace::new(layer_idx);
         set(&mut layer);
         trace.add_layer(layer);
-        trace.finalize();
+        trace.set_verdict(find_anomalies(&trace.layers));
         trace.anomaly_desc
     };
     let nan = rule(0, &|l| l.input_stats = TensorStats::from_slice(&[f32::NAN]));

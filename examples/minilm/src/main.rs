@@ -259,6 +259,9 @@ fn start_session(
     if let Some(capture) = &args.capture {
         builder = builder.capture(capture.clone());
     }
+    // The report below reads the records back from the tracer: keep them in memory also when
+    // a trace file holds them (one sentence: a few hundred kB).
+    builder = builder.in_memory(true);
     match &args.trace_out {
         Some(path) => builder.trace_file(path).start(),
         None => Ok(builder.start_lenient()),

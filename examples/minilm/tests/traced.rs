@@ -112,6 +112,7 @@ fn a_trace_file_reads_back_to_the_tracer_kept_in_memory() {
     let session = Session::builder(ModelTracerConfig::full())
         .trace_file(&path)
         .capture("layer:*")
+        .in_memory(true)
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let hidden = fixture.model.forward(&ids, &mask).unwrap();

@@ -15,6 +15,8 @@ pub enum Error {
     Io(std::io::Error),
     /// The tracing session could not start (a trace file that cannot be created, a bad filter).
     Trace(model_trace::SessionError),
+    /// The run's trace file could not be read back.
+    ReadTrace(model_trace::ReadError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -28,6 +30,7 @@ impl fmt::Display for Error {
             Error::Candle(err) => write!(f, "candle: {err}"),
             Error::Io(err) => write!(f, "io: {err}"),
             Error::Trace(err) => write!(f, "trace: {err}"),
+            Error::ReadTrace(err) => write!(f, "trace file: {err}"),
         }
     }
 }
@@ -38,6 +41,7 @@ impl std::error::Error for Error {
             Error::Candle(err) => Some(err),
             Error::Io(err) => Some(err),
             Error::Trace(err) => Some(err),
+            Error::ReadTrace(err) => Some(err),
             _ => None,
         }
     }
@@ -58,5 +62,11 @@ impl From<std::io::Error> for Error {
 impl From<model_trace::SessionError> for Error {
     fn from(err: model_trace::SessionError) -> Self {
         Error::Trace(err)
+    }
+}
+
+impl From<model_trace::ReadError> for Error {
+    fn from(err: model_trace::ReadError) -> Self {
+        Error::ReadTrace(err)
     }
 }

@@ -1,7 +1,7 @@
 //! `smollm "The capital of France is"`: greedy continuation of a prompt with SmolLM2-135M,
 //! traced by model-trace when built with `--features trace`.
 
-use model_trace::{Session, SessionBuilder};
+use model_trace::{ModelTracer, Session, SessionBuilder, TraceReader};
 use smollm::generate::{greedy, load};
 use smollm::report::quant_figures;
 use smollm::{weights, TraceLevel};
@@ -138,7 +138,11 @@ fn run(args: &Args) -> smollm::Result<()> {
         println!("{}", tracer.summary());
         if level == TraceLevel::Full {
             println!("quantization error per matmul kind:");
-            for site in quant_figures(tracer) {
+            let replayed = match &trace_file {
+                Some(file) if tracer.is_summary_only() => Some(replay(file)?),
+                _ => None,
+            };
+            for site in quant_figures(replayed.as_ref().unwrap_or(tracer)) {
                 println!("  {site}");
             }
         }
@@ -166,6 +170,17 @@ fn run(args: &Args) -> smollm::Result<()> {
         _ => println!("decode: no decode steps (--max-tokens below 2 or immediate EOS)"),
     }
     Ok(())
+}
+
+/// The records of a trace file in a tracer, as the session would have kept them in memory: a
+/// session that writes a file keeps only its summary, so that a long run costs no memory.
+fn replay(file: &std::path::Path) -> smollm::Result<ModelTracer> {
+    let mut reader = TraceReader::open(file)?;
+    let mut tracer = ModelTracer::new(reader.header().config.clone());
+    for event in &mut reader {
+        tracer.accept(&event?);
+    }
+    Ok(tracer)
 }
 
 /// The session of a traced run: the environment's settings, the command line's `--trace-out`

@@ -73,6 +73,7 @@ fn full_run() -> &'static FullRun {
             std::env::temp_dir().join(format!("smollm-traced-{}.ndjson", std::process::id()));
         let session = Session::builder(ModelTracerConfig::full())
             .trace_file(&trace_file)
+            .in_memory(true)
             .start()
             .unwrap_or_else(|e| panic!("{e}"));
         let (generated, logits) = decode(&mut model, &prompt, STEPS);

@@ -5,7 +5,7 @@ use crate::record::{
     ActivationAnomalyKind, Anomaly, LayerActivationTrace, RESIDUAL_DOMINANCE_THRESHOLD,
     VANISHING_WARMUP_LAYERS,
 };
-use crate::summary::TensorStats;
+use crate::stats::TensorStats;
 
 /// Every layer that breaks a rule, with the first rule it breaks, in the order of the report:
 /// broken values (NaN, Inf, explosion) before heuristic flags (vanishing, residual dominance),
@@ -103,5 +103,156 @@ fn stage_anomaly(
         stage: Some(stage.to_owned()),
         kind,
         description: format!("layer {layer} {stage}: {what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{ActivationAnomalyKind, LayerActivationTrace, ModelActivationTrace};
+
+    fn stats(values: &[f32]) -> TensorStats {
+        TensorStats::from_slice(values)
+    }
+
+    fn healthy(idx: usize) -> LayerActivationTrace {
+        let mut layer = LayerActivationTrace::new(idx);
+        layer.set_stage("input", stats(&[1.0, -2.0, 3.0, 0.5]));
+        layer.set_stage("output", stats(&[2.0, -1.0, 5.0, -0.5]));
+        layer
+    }
+
+    #[test]
+    fn empty_layers_are_not_anomalous() {
+        let mut trace = ModelActivationTrace::with_capacity(32);
+        for i in 0..32 {
+            trace.add_layer(LayerActivationTrace::new(i));
+        }
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert!(!trace.has_anomaly);
+        assert_eq!(trace.anomalous_layers, 0);
+    }
+
+    #[test]
+    fn reports_the_lowest_broken_layer_not_the_first_recorded() {
+        let mut trace = ModelActivationTrace::default();
+        for i in 0..20 {
+            let mut layer = healthy(i);
+            if i == 17 {
+                let mut v = vec![0.5f32; 576];
+                v[1] = f32::NAN;
+                v[100] = f32::NAN;
+                v[200] = f32::NAN;
+                layer.set_stage("resid_mid", stats(&v));
+            }
+            if i == 19 {
+                layer.set_stage("output", stats(&[f32::INFINITY, 1.0]));
+            }
+            trace.add_layer(layer);
+        }
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert!(trace.has_anomaly);
+        assert_eq!(trace.anomaly_layer, Some(17));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(
+            trace.anomaly_desc.as_deref(),
+            Some("layer 17 resid_mid: NaN (3 of 576 values)")
+        );
+        assert_eq!(trace.anomalous_layers, 2);
+
+        // recorded out of order: layer 5 (Inf) was recorded after layer 9 (NaN)
+        let mut trace = ModelActivationTrace::default();
+        let mut nan = healthy(9);
+        nan.set_stage("mlp_out", stats(&[f32::NAN]));
+        trace.add_layer(nan);
+        let mut inf = healthy(5);
+        inf.set_stage("attn_in", stats(&[f32::INFINITY, 0.25]));
+        trace.add_layer(inf);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(trace.anomaly_layer, Some(5));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Inf));
+
+        // a heuristic flag (vanishing at layer 5) never hides a broken value (NaN at layer 9)
+        let mut trace = ModelActivationTrace::default();
+        let mut flat = healthy(5);
+        flat.set_stage("attn_in", stats(&[0.25; 16]));
+        trace.add_layer(flat);
+        let mut nan = healthy(9);
+        nan.set_stage("mlp_out", stats(&[f32::NAN]));
+        trace.add_layer(nan);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(trace.anomaly_layer, Some(9));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(trace.anomalous_layers, 2);
+    }
+
+    #[test]
+    fn vanishing_is_exempt_during_warmup_and_for_single_values() {
+        let mut trace = ModelActivationTrace::default();
+        for i in 0..VANISHING_WARMUP_LAYERS {
+            let mut layer = healthy(i);
+            layer.set_stage("attn_in", stats(&[1.0; 8]));
+            trace.add_layer(layer);
+        }
+        let mut single = healthy(VANISHING_WARMUP_LAYERS);
+        single.set_stage("scalar_gate", stats(&[0.3]));
+        trace.add_layer(single);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert!(!trace.has_anomaly, "{:?}", trace.anomaly_desc);
+
+        let mut late = healthy(VANISHING_WARMUP_LAYERS);
+        late.set_stage("attn_in", stats(&[1.0; 8]));
+        trace.add_layer(late);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
+        assert_eq!(trace.anomaly_layer, Some(VANISHING_WARMUP_LAYERS));
+    }
+
+    #[test]
+    fn explosion_and_residual_dominance() {
+        let mut trace = ModelActivationTrace::default();
+        let mut layer = healthy(4);
+        layer.set_stage("mlp_out", stats(&[1.0, 2e7, 3.0]));
+        trace.add_layer(layer);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Explosion));
+        assert!(trace
+            .anomaly_desc
+            .as_deref()
+            .is_some_and(|d| d.starts_with("layer 4 mlp_out: explosion")));
+
+        let mut trace = ModelActivationTrace::default();
+        let mut layer = LayerActivationTrace::new(6);
+        let x = [1.0, -2.0, 3.0, 0.5];
+        let y = [1.001, -2.0, 3.0, 0.5];
+        layer.set_stage("input", stats(&x));
+        layer.set_stage("output", stats(&y));
+        layer.record_residual(&x, &y);
+        trace.add_layer(layer);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(
+            trace.anomaly_kind,
+            Some(ActivationAnomalyKind::ResidualDominance)
+        );
+        assert!(trace
+            .anomaly_desc
+            .as_deref()
+            .is_some_and(|d| d.starts_with("layer 6: residual dominance (residual ratio 0.99")));
+
+        // A broken value in a later layer beats a heuristic flag in an earlier one.
+        let mut nan_layer = healthy(7);
+        nan_layer.set_stage("resid_mid", stats(&[1.0, f32::NAN]));
+        trace.add_layer(nan_layer);
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert_eq!(trace.anomaly_layer, Some(7));
+        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
+        assert_eq!(trace.anomalous_layers, 2);
+        trace.layers.pop();
+
+        // the verdict is recomputed from scratch: a fixed problem is forgotten
+        trace.layers[0].residual_ratio = 0.5;
+        trace.set_verdict(find_anomalies(&trace.layers));
+        assert!(!trace.has_anomaly);
+        assert_eq!(trace.anomaly_desc, None);
     }
 }

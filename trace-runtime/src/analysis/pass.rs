@@ -1,9 +1,10 @@
 //! What a forward pass keeps until it ends, to be judged then: its layers' and logits'
 //! statistics for the anomaly rules, and its logit rows for the evolution of the tracked tokens.
 
-use crate::record::{top_k_by_selection, Anomaly, LayerActivationTrace, LogitEvolutionTrace};
-use crate::session::ModelTracerConfig;
-use crate::summary::TensorStats;
+use crate::config::ModelTracerConfig;
+use crate::record::{Anomaly, LayerActivationTrace, LogitEvolutionTrace};
+use crate::stats::top_k_by_selection;
+use crate::stats::TensorStats;
 
 /// One pass's material for [`find_anomalies`](super::find_anomalies) and the logit evolution.
 /// Reused from pass to pass, so its row buffers are allocated once.

@@ -5,10 +5,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
-use crate::record::{
-    AttentionEvent, ErrorEvent, Event, KvCacheEvent, LayerEvent, LogitsEvent, PassBegin, PassEnd,
-    QuantEvent, SessionEnd, TraceHeader, FORMAT_NAME, SCHEMA_VERSION,
-};
+use crate::record::{Event, EventKind, TraceHeader, FORMAT_NAME, SCHEMA_VERSION};
 
 /// Why a trace (or a line of it) cannot be read.
 #[derive(Debug)]
@@ -322,21 +319,20 @@ pub(crate) fn parse_event(line: &str) -> Result<Event, String> {
     let typed = |result: Result<Event, serde_json::Error>| {
         result.map_err(|e| format!("bad {kind:?} event: {e}"))
     };
-    match kind.as_str() {
-        "pass_begin" => typed(serde_json::from_str::<PassBegin>(line).map(Event::PassBegin)),
-        "pass_end" => typed(serde_json::from_str::<PassEnd>(line).map(Event::PassEnd)),
-        "layer" => typed(serde_json::from_str::<LayerEvent>(line).map(Event::Layer)),
-        "attention" => typed(serde_json::from_str::<AttentionEvent>(line).map(Event::Attention)),
-        "logits" => typed(serde_json::from_str::<LogitsEvent>(line).map(Event::Logits)),
-        "kv_cache" => typed(serde_json::from_str::<KvCacheEvent>(line).map(Event::KvCache)),
-        "quant" => typed(serde_json::from_str::<QuantEvent>(line).map(Event::Quant)),
-        "error" => typed(serde_json::from_str::<ErrorEvent>(line).map(Event::Error)),
-        "session_end" => typed(serde_json::from_str::<SessionEnd>(line).map(Event::SessionEnd)),
-        "header" => Err("a second header line".to_owned()),
-        other => Err(format!(
-            "unknown event {other:?} (expected pass_begin, pass_end, layer, attention, logits, \
-             kv_cache, quant, error or session_end)"
-        )),
+    match EventKind::from_name(&kind) {
+        Some(kind) => typed(kind.parse(line)),
+        None if kind == "header" => Err("a second header line".to_owned()),
+        None => Err(format!("unknown event {kind:?} (expected {})", kind_list())),
+    }
+}
+
+/// `pass_begin, pass_end, ... or session_end`.
+fn kind_list() -> String {
+    let names: Vec<&str> = EventKind::ALL.iter().map(|kind| kind.as_str()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -359,7 +355,7 @@ fn placeholder_header() -> TraceHeader {
             epoch_unix_ns: 0,
             session_start_ns: 0,
         },
-        config: crate::ModelTracerConfig::default(),
+        config: crate::config::ModelTracerConfig::default(),
         filter: String::new(),
         capture: String::new(),
         tracepoints: Vec::new(),

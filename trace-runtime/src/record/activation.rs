@@ -4,7 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::summary::TensorStats;
+use super::LayerEvent;
+use crate::stats::TensorStats;
 
 /// A layer whose residual ratio exceeds this barely changed its input: the skip connection
 /// carries (almost) everything and the block's own computation is effectively switched off.
@@ -90,6 +91,20 @@ impl LayerActivationTrace {
             layer_idx,
             ..Self::default()
         }
+    }
+
+    /// The statistics of a layer event's stages, and its exact residual ratio when one was
+    /// recorded: what the anomaly rules read of a layer, from a session or a trace file.
+    pub fn from_event(event: &LayerEvent) -> Self {
+        let mut trace = Self::new(event.layer);
+        for stage in &event.stages {
+            trace.set_stage(&stage.name, stage.tensor.stats);
+        }
+        if let Some(ratio) = event.residual_ratio {
+            trace.residual_ratio = ratio;
+            trace.residual_ratio_exact = true;
+        }
+        trace
     }
 
     /// Stores `stats` under `name`: `input` and `output` fill their fields, any other name is a
@@ -201,7 +216,8 @@ fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
 
 /// All layers of one forward pass, and the verdict of the anomaly rules over them.
 ///
-/// The rules, applied by [`finalize`](Self::finalize) to every recorded stage of every layer:
+/// The rules, applied by [`find_anomalies`](crate::find_anomalies) to every recorded stage of
+/// every layer (a session stores their verdict with [`set_verdict`](Self::set_verdict)):
 ///
 /// 1. **NaN** (`nan_count > 0`), **Inf** (`inf_count > 0`), **explosion** (`TensorStats::has_anomaly`
 ///    without NaN/Inf: a finite value beyond ±1e6 or `std > 1e4`): any layer, any stage.
@@ -214,7 +230,7 @@ fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
 /// also judges each logits tensor of the pass by rule 1: logits with a NaN, Inf or
 /// exploding value are an anomaly of stage `logits` at the layer of the logits (one past the
 /// last block for the model's head), so a step whose logits are broken is reported even when
-/// every layer is clean. [`finalize`](Self::finalize) judges only `layers`.
+/// every layer is clean. [`find_anomalies`](crate::find_anomalies) judges only `layers`.
 ///
 /// Rule 1 (a broken value) beats rules 2 and 3 (a suspicious layer) across the whole pass: the
 /// reported anomaly is the rule-1 anomaly in the layer with the **lowest `layer_idx`**, and only
@@ -225,11 +241,13 @@ fn ratio_from_norms(input_norm: f64, delta_norm: f64) -> f32 {
 /// [`LayerActivationTrace::stages`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelActivationTrace {
-    /// Position of the forward pass (set by `ModelTracer::begin_forward`).
+    /// Position of the forward pass: `#[trace_model(position = ...)]`, else the number of
+    /// passes before it; by hand, what [`ModelTracer::begin_forward`](crate::ModelTracer::begin_forward) was given.
     pub position: usize,
     /// Layers in recording order.
     pub layers: Vec<LayerActivationTrace>,
-    /// Whether any layer broke a rule (set by `finalize`).
+    /// Whether the pass has an anomaly (set with the other verdict fields by
+    /// [`set_verdict`](Self::set_verdict)).
     pub has_anomaly: bool,
     /// The reported anomaly, e.g. `layer 17 resid_mid: NaN (3 of 576 values)`.
     pub anomaly_desc: Option<String>,
@@ -237,7 +255,9 @@ pub struct ModelActivationTrace {
     pub anomaly_layer: Option<usize>,
     /// Rule that produced the reported anomaly.
     pub anomaly_kind: Option<ActivationAnomalyKind>,
-    /// How many layers broke at least one rule.
+    /// How many anomalies the pass has, the length of [`anomalies`](Self::anomalies): the
+    /// layers that broke at least one rule and, from a session, the logits records with a
+    /// broken value.
     pub anomalous_layers: usize,
     /// Every layer that broke a rule (and, from a session, every logits record with a broken
     /// value), in the order of the report: broken values (NaN, Inf, explosion) by layer index,
@@ -260,16 +280,18 @@ impl ModelActivationTrace {
         self.layers.push(layer);
     }
 
-    /// Runs the anomaly rules (see the type's docs) and stores the verdict. Idempotent: it can
-    /// be called again after more layers were added.
-    pub fn finalize(&mut self) {
-        self.anomalies = crate::analysis::find_anomalies(&self.layers);
-        let reported = self.anomalies.first();
-        self.anomalous_layers = self.anomalies.len();
+    /// Stores the verdict of the anomaly rules (see the type's docs): `anomalies` in the order
+    /// of the report, as [`find_anomalies`](crate::find_anomalies) gives them for
+    /// [`layers`](Self::layers) (a session adds broken logits). Sets every verdict field from
+    /// them, so the fields never disagree.
+    pub fn set_verdict(&mut self, anomalies: Vec<Anomaly>) {
+        let reported = anomalies.first();
+        self.anomalous_layers = anomalies.len();
         self.has_anomaly = reported.is_some();
         self.anomaly_layer = reported.map(|a| a.layer);
         self.anomaly_kind = reported.map(|a| a.kind);
         self.anomaly_desc = reported.map(|a| a.description.clone());
+        self.anomalies = anomalies;
     }
 }
 
@@ -294,13 +316,6 @@ mod tests {
 
     fn stats(values: &[f32]) -> TensorStats {
         TensorStats::from_slice(values)
-    }
-
-    fn healthy(idx: usize) -> LayerActivationTrace {
-        let mut layer = LayerActivationTrace::new(idx);
-        layer.set_stage("input", stats(&[1.0, -2.0, 3.0, 0.5]));
-        layer.set_stage("output", stats(&[2.0, -1.0, 5.0, -0.5]));
-        layer
     }
 
     #[test]
@@ -364,139 +379,5 @@ mod tests {
         assert_eq!(layer.residual_ratio, 1.0);
         layer.record_residual(&[1.0, 2.0], &[2.0, 1.0]);
         assert!(layer.residual_ratio < 0.7);
-    }
-
-    #[test]
-    fn empty_layers_are_not_anomalous() {
-        let mut trace = ModelActivationTrace::with_capacity(32);
-        for i in 0..32 {
-            trace.add_layer(LayerActivationTrace::new(i));
-        }
-        trace.finalize();
-        assert!(!trace.has_anomaly);
-        assert_eq!(trace.anomalous_layers, 0);
-    }
-
-    #[test]
-    fn reports_the_lowest_broken_layer_not_the_first_recorded() {
-        let mut trace = ModelActivationTrace::default();
-        for i in 0..20 {
-            let mut layer = healthy(i);
-            if i == 17 {
-                let mut v = vec![0.5f32; 576];
-                v[1] = f32::NAN;
-                v[100] = f32::NAN;
-                v[200] = f32::NAN;
-                layer.set_stage("resid_mid", stats(&v));
-            }
-            if i == 19 {
-                layer.set_stage("output", stats(&[f32::INFINITY, 1.0]));
-            }
-            trace.add_layer(layer);
-        }
-        trace.finalize();
-        assert!(trace.has_anomaly);
-        assert_eq!(trace.anomaly_layer, Some(17));
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
-        assert_eq!(
-            trace.anomaly_desc.as_deref(),
-            Some("layer 17 resid_mid: NaN (3 of 576 values)")
-        );
-        assert_eq!(trace.anomalous_layers, 2);
-
-        // recorded out of order: layer 5 (Inf) was recorded after layer 9 (NaN)
-        let mut trace = ModelActivationTrace::default();
-        let mut nan = healthy(9);
-        nan.set_stage("mlp_out", stats(&[f32::NAN]));
-        trace.add_layer(nan);
-        let mut inf = healthy(5);
-        inf.set_stage("attn_in", stats(&[f32::INFINITY, 0.25]));
-        trace.add_layer(inf);
-        trace.finalize();
-        assert_eq!(trace.anomaly_layer, Some(5));
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Inf));
-
-        // a heuristic flag (vanishing at layer 5) never hides a broken value (NaN at layer 9)
-        let mut trace = ModelActivationTrace::default();
-        let mut flat = healthy(5);
-        flat.set_stage("attn_in", stats(&[0.25; 16]));
-        trace.add_layer(flat);
-        let mut nan = healthy(9);
-        nan.set_stage("mlp_out", stats(&[f32::NAN]));
-        trace.add_layer(nan);
-        trace.finalize();
-        assert_eq!(trace.anomaly_layer, Some(9));
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
-        assert_eq!(trace.anomalous_layers, 2);
-    }
-
-    #[test]
-    fn vanishing_is_exempt_during_warmup_and_for_single_values() {
-        let mut trace = ModelActivationTrace::default();
-        for i in 0..VANISHING_WARMUP_LAYERS {
-            let mut layer = healthy(i);
-            layer.set_stage("attn_in", stats(&[1.0; 8]));
-            trace.add_layer(layer);
-        }
-        let mut single = healthy(VANISHING_WARMUP_LAYERS);
-        single.set_stage("scalar_gate", stats(&[0.3]));
-        trace.add_layer(single);
-        trace.finalize();
-        assert!(!trace.has_anomaly, "{:?}", trace.anomaly_desc);
-
-        let mut late = healthy(VANISHING_WARMUP_LAYERS);
-        late.set_stage("attn_in", stats(&[1.0; 8]));
-        trace.add_layer(late);
-        trace.finalize();
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Vanishing));
-        assert_eq!(trace.anomaly_layer, Some(VANISHING_WARMUP_LAYERS));
-    }
-
-    #[test]
-    fn explosion_and_residual_dominance() {
-        let mut trace = ModelActivationTrace::default();
-        let mut layer = healthy(4);
-        layer.set_stage("mlp_out", stats(&[1.0, 2e7, 3.0]));
-        trace.add_layer(layer);
-        trace.finalize();
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Explosion));
-        assert!(trace
-            .anomaly_desc
-            .as_deref()
-            .is_some_and(|d| d.starts_with("layer 4 mlp_out: explosion")));
-
-        let mut trace = ModelActivationTrace::default();
-        let mut layer = LayerActivationTrace::new(6);
-        let x = [1.0, -2.0, 3.0, 0.5];
-        let y = [1.001, -2.0, 3.0, 0.5];
-        layer.set_stage("input", stats(&x));
-        layer.set_stage("output", stats(&y));
-        layer.record_residual(&x, &y);
-        trace.add_layer(layer);
-        trace.finalize();
-        assert_eq!(
-            trace.anomaly_kind,
-            Some(ActivationAnomalyKind::ResidualDominance)
-        );
-        assert!(trace
-            .anomaly_desc
-            .as_deref()
-            .is_some_and(|d| d.starts_with("layer 6: residual dominance (residual ratio 0.99")));
-
-        // A broken value in a later layer beats a heuristic flag in an earlier one.
-        let mut nan_layer = healthy(7);
-        nan_layer.set_stage("resid_mid", stats(&[1.0, f32::NAN]));
-        trace.add_layer(nan_layer);
-        trace.finalize();
-        assert_eq!(trace.anomaly_layer, Some(7));
-        assert_eq!(trace.anomaly_kind, Some(ActivationAnomalyKind::Nan));
-        assert_eq!(trace.anomalous_layers, 2);
-        trace.layers.pop();
-
-        // finalize is idempotent and forgets a fixed problem
-        trace.layers[0].residual_ratio = 0.5;
-        trace.finalize();
-        assert!(!trace.has_anomaly);
-        assert_eq!(trace.anomaly_desc, None);
     }
 }

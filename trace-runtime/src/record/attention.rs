@@ -2,6 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::AttentionTraceConfig;
+use crate::stats::top_k_by_selection;
+
 /// Weight on position 0 at or above which the summary counts a row as an attention sink.
 pub const ATTENTION_SINK_THRESHOLD: f32 = 0.3;
 
@@ -26,18 +29,18 @@ pub struct AttentionWeightTrace {
     /// Key positions of the kept weights, heaviest first (ties: lower position first).
     pub top_k_positions: Vec<usize>,
     /// The kept weights, descending.
-    #[serde(with = "crate::record::float::vec")]
+    #[serde(with = "crate::float::vec")]
     pub top_k_weights: Vec<f32>,
     /// Weight not kept: the row's total minus the kept weights, which is `1 − Σ top-k` for a
     /// normalised row (kept that way so that rows which do not sum to one still say how much of
     /// their own mass the record leaves out).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub tail_mass: f32,
     /// Shannon entropy of the row in nats, `−Σ w ln w` over positive weights.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub entropy: f32,
     /// Weight on position 0 (the usual sink, BOS), recorded exactly whether or not it is in top-k.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub sink_weight: f32,
 }
 
@@ -51,6 +54,27 @@ impl AttentionWeightTrace {
         top_k: usize,
     ) -> Self {
         Self::from_weights_with_threshold(layer_idx, head_idx, query_pos, weights, top_k, 0.0)
+    }
+
+    /// One row as `config` keeps it (its `top_k` and `weight_threshold`), or `None` when
+    /// `config` leaves the layer or head out (nothing is computed then).
+    pub fn configured(
+        config: &AttentionTraceConfig,
+        layer_idx: usize,
+        head_idx: usize,
+        query_pos: usize,
+        weights: &[f32],
+    ) -> Option<Self> {
+        (config.should_trace_layer(layer_idx) && config.should_trace_head(head_idx)).then(|| {
+            Self::from_weights_with_threshold(
+                layer_idx,
+                head_idx,
+                query_pos,
+                weights,
+                config.top_k,
+                config.weight_threshold,
+            )
+        })
     }
 
     /// As [`from_weights`](Self::from_weights), but weights below `min_weight` are not kept even
@@ -197,262 +221,77 @@ fn ln_normal(x: f32) -> f32 {
     t * z * p - 0.5 * z + t + e * std::f32::consts::LN_2
 }
 
-/// Writes the `k` largest finite values of `values` that are `>= min_value` into
-/// `positions` / `kept`, largest first; equal values keep the lower position first, so the
-/// result equals a stable sort by descending value truncated to `k`.
-///
-/// Selection, not a sort of the row: the output buffers hold a min-heap of the best `k` seen so
-/// far, a value is compared with its root once, and only the `k` kept values are sorted at the
-/// end. Both buffers are cleared first and grow to at most `min(k, n)`; nothing else allocates.
-pub fn top_k_by_selection(
-    values: &[f32],
-    k: usize,
-    min_value: f32,
-    positions: &mut Vec<usize>,
-    kept: &mut Vec<f32>,
-) {
-    positions.clear();
-    kept.clear();
-    if k == 0 {
-        return;
-    }
-    let cap = k.min(values.len());
-    positions.reserve(cap);
-    kept.reserve(cap);
-    let mut heap = Heap { positions, kept };
-    // Fill: the first k admissible values enter unconditionally.
-    let mut next = 0;
-    while next < values.len() && heap.len() < k {
-        let v = values[next];
-        // NaN fails `>=`; infinities are excluded explicitly.
-        if v >= min_value && v.is_finite() {
-            heap.push(v, next);
-        }
-        next += 1;
-    }
-    if heap.len() == k {
-        // From here a value must beat the root (the worst kept value, itself >= min_value); an
-        // equal value comes later in the row and loses the tie, so `>` is exact.
-        let mut bar = heap.kept[0];
-        let offer = |heap: &mut Heap<'_>, bar: &mut f32, v: f32, pos: usize| {
-            if v > *bar && v != f32::INFINITY {
-                heap.replace_root(v, pos);
-                *bar = heap.kept[0];
-            }
+/// The dimensions of attention probabilities, `[batch, heads, q_len, k_len]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttentionDims {
+    pub(crate) batch: usize,
+    pub(crate) heads: usize,
+    pub(crate) q_len: usize,
+    pub(crate) k_len: usize,
+}
+
+impl AttentionDims {
+    /// From a shape of up to four dimensions, missing leading dimensions taken as 1.
+    pub(crate) fn of(shape: &[usize]) -> Option<Self> {
+        let (batch, heads, q_len, k_len) = match *shape {
+            [k_len] => (1, 1, 1, k_len),
+            [q_len, k_len] => (1, 1, q_len, k_len),
+            [heads, q_len, k_len] => (1, heads, q_len, k_len),
+            [batch, heads, q_len, k_len] => (batch, heads, q_len, k_len),
+            _ => return None,
         };
-        const CHUNK: usize = 16;
-        let mut chunks = values[next..].chunks_exact(CHUNK);
-        for chunk in &mut chunks {
-            // Most chunks of a row hold nothing better than the bar: one vectorised test skips them.
-            if chunk.iter().fold(false, |any, &v| any | (v > bar)) {
-                for (i, &v) in chunk.iter().enumerate() {
-                    offer(&mut heap, &mut bar, v, next + i);
-                }
-            }
-            next += CHUNK;
-        }
-        for (i, &v) in chunks.remainder().iter().enumerate() {
-            offer(&mut heap, &mut bar, v, next + i);
-        }
-    }
-    heap.sort_descending();
-}
-
-/// A min-heap on (value, then higher position = smaller) stored in two parallel vectors, so the
-/// kept entries end up in the caller's buffers with no scratch space.
-struct Heap<'a> {
-    positions: &'a mut Vec<usize>,
-    kept: &'a mut Vec<f32>,
-}
-
-impl Heap<'_> {
-    fn len(&self) -> usize {
-        self.kept.len()
-    }
-
-    /// `a` ranks below `b`: smaller value, or same value at a later position.
-    fn worse(&self, a: usize, b: usize) -> bool {
-        let (va, vb) = (self.kept[a], self.kept[b]);
-        va < vb || (va == vb && self.positions[a] > self.positions[b])
-    }
-
-    fn swap(&mut self, a: usize, b: usize) {
-        self.kept.swap(a, b);
-        self.positions.swap(a, b);
-    }
-
-    fn push(&mut self, value: f32, pos: usize) {
-        self.kept.push(value);
-        self.positions.push(pos);
-        let mut child = self.len() - 1;
-        while child > 0 {
-            let parent = (child - 1) / 2;
-            if !self.worse(child, parent) {
-                break;
-            }
-            self.swap(child, parent);
-            child = parent;
-        }
-    }
-
-    fn replace_root(&mut self, value: f32, pos: usize) {
-        self.kept[0] = value;
-        self.positions[0] = pos;
-        self.sift_down(0, self.len());
-    }
-
-    fn sift_down(&mut self, mut node: usize, end: usize) {
-        loop {
-            let left = 2 * node + 1;
-            if left >= end {
-                break;
-            }
-            let right = left + 1;
-            let child = if right < end && self.worse(right, left) {
-                right
-            } else {
-                left
-            };
-            if !self.worse(child, node) {
-                break;
-            }
-            self.swap(child, node);
-            node = child;
-        }
-    }
-
-    /// Heapsort: moving the worst to the back repeatedly leaves the best first.
-    fn sort_descending(&mut self) {
-        let mut end = self.len();
-        while end > 1 {
-            end -= 1;
-            self.swap(0, end);
-            self.sift_down(0, end);
-        }
-    }
-}
-
-/// Which rows to record and how much of each to keep.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct AttentionTraceConfig {
-    /// Keys kept per query row.
-    pub top_k: usize,
-    /// Layers to trace; `None` traces all.
-    pub layers: Option<Vec<usize>>,
-    /// Heads to trace (in every traced layer); `None` traces all.
-    pub heads: Option<Vec<usize>>,
-    /// Weights below this are not kept in the top-k (they still count in tail mass and entropy),
-    /// so a diffuse row costs no storage.
-    pub weight_threshold: f32,
-}
-
-impl Default for AttentionTraceConfig {
-    /// Top 10 keys per row, weights of at least 1%, every layer and head.
-    fn default() -> Self {
-        Self {
-            top_k: 10,
-            layers: None,
-            heads: None,
-            weight_threshold: 0.01,
-        }
-    }
-}
-
-impl AttentionTraceConfig {
-    /// Whether rows of layer `layer_idx` are recorded.
-    pub fn should_trace_layer(&self, layer_idx: usize) -> bool {
-        self.layers.as_ref().is_none_or(|l| l.contains(&layer_idx))
-    }
-
-    /// Whether rows of head `head_idx` are recorded.
-    pub fn should_trace_head(&self, head_idx: usize) -> bool {
-        self.heads.as_ref().is_none_or(|h| h.contains(&head_idx))
-    }
-
-    /// Records one row with this configuration's `top_k` and `weight_threshold`, or `None` when
-    /// the layer or head is filtered out (nothing is computed then).
-    pub fn trace_row(
-        &self,
-        layer_idx: usize,
-        head_idx: usize,
-        query_pos: usize,
-        weights: &[f32],
-    ) -> Option<AttentionWeightTrace> {
-        (self.should_trace_layer(layer_idx) && self.should_trace_head(head_idx)).then(|| {
-            AttentionWeightTrace::from_weights_with_threshold(
-                layer_idx,
-                head_idx,
-                query_pos,
-                weights,
-                self.top_k,
-                self.weight_threshold,
-            )
+        Some(Self {
+            batch,
+            heads,
+            q_len,
+            k_len,
         })
     }
+
+    /// How many values a tensor of these dimensions holds; `None` when that overflows.
+    pub(crate) fn len(self) -> Option<usize> {
+        self.batch
+            .checked_mul(self.heads)?
+            .checked_mul(self.q_len)?
+            .checked_mul(self.k_len)
+    }
+}
+
+/// The rows of one attention tensor (`data` holds [`AttentionDims::len`] values, `k_len > 0`)
+/// that `config` keeps, each with its batch row, head and query position. The queries are the
+/// last `q_len` positions of the `k_len` keys (a prefill sees all of them, a decode step the
+/// last).
+pub(crate) fn attention_rows(
+    config: &AttentionTraceConfig,
+    layer: usize,
+    dims: AttentionDims,
+    data: &[f32],
+) -> Vec<AttentionWeightTrace> {
+    let AttentionDims {
+        heads,
+        q_len,
+        k_len,
+        ..
+    } = dims;
+    let mut rows = Vec::new();
+    for (index, weights) in data.chunks_exact(k_len).enumerate() {
+        let (batch, rest) = (index / (heads * q_len), index % (heads * q_len));
+        let (head, row) = (rest / q_len, rest % q_len);
+        let query_pos = (k_len + row).saturating_sub(q_len);
+        if let Some(mut trace) =
+            AttentionWeightTrace::configured(config, layer, head, query_pos, weights)
+        {
+            trace.batch = batch;
+            rows.push(trace);
+        }
+    }
+    rows
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// xorshift64*: deterministic rows without a dev-dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32
-        }
-    }
-
-    fn sort_based(values: &[f32], k: usize, min: f32) -> (Vec<usize>, Vec<f32>) {
-        let mut idx: Vec<usize> = (0..values.len())
-            .filter(|&i| values[i].is_finite() && values[i] >= min)
-            .collect();
-        idx.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
-        idx.truncate(k);
-        let w = idx.iter().map(|&i| values[i]).collect();
-        (idx, w)
-    }
-
-    #[test]
-    fn top_k_equals_sort_based_top_k_on_random_rows() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let (mut pos, mut kept) = (Vec::new(), Vec::new());
-        for case in 0..400 {
-            let n = (rng.next() % 300) as usize;
-            // coarse values in some rows so ties are frequent
-            let coarse = case % 3 == 0;
-            let mut row: Vec<f32> = (0..n)
-                .map(|_| {
-                    let u = rng.unit();
-                    if coarse {
-                        (u * 8.0).floor() / 8.0
-                    } else {
-                        u
-                    }
-                })
-                .collect();
-            if case % 7 == 0 && n > 3 {
-                row[1] = f32::NAN;
-                row[n - 1] = f32::INFINITY;
-                row[2] = f32::NEG_INFINITY;
-            }
-            for k in [0, 1, 2, 5, 10, 32, 500] {
-                for min in [f32::NEG_INFINITY, 0.25] {
-                    top_k_by_selection(&row, k, min, &mut pos, &mut kept);
-                    let (want_pos, want_w) = sort_based(&row, k, min);
-                    assert_eq!(pos, want_pos, "case {case} n {n} k {k} min {min}");
-                    assert_eq!(kept, want_w);
-                }
-            }
-        }
-    }
+    use crate::stats::top_k::tests::Rng;
 
     #[test]
     fn fast_entropy_matches_f64() {
@@ -542,11 +381,11 @@ mod tests {
         };
         assert!(config.should_trace_layer(15) && config.should_trace_head(0));
         assert!(!config.should_trace_layer(14) && !config.should_trace_head(2));
-        assert!(config.trace_row(14, 0, 0, &[1.0]).is_none());
+        assert!(AttentionWeightTrace::configured(&config, 14, 0, 0, &[1.0]).is_none());
         let mut row = vec![0.001f32; 1000];
         row[7] = 0.5;
         row[3] = 0.4;
-        let t = config.trace_row(15, 1, 999, &row).unwrap();
+        let t = AttentionWeightTrace::configured(&config, 15, 1, 999, &row).unwrap();
         assert_eq!(t.top_k_positions, [7, 3]);
         assert!((t.tail_mass - 0.998).abs() < 1e-4, "{}", t.tail_mass);
         let default = AttentionTraceConfig::default();

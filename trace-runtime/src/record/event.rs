@@ -8,6 +8,7 @@
 //! file's header (monotonic, from the process's first session).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,62 +17,110 @@ use crate::record::{
     QuantizationErrorTrace,
 };
 use crate::summary::TensorSummary;
+use crate::tracepoint::Tracepoint;
 
-/// One thing that happened in a session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
+/// The `tracepoint` and `function` labels of an event recorded at `tracepoint` (both empty
+/// without one): its name, and its function's `module::fn` path.
+pub(crate) fn labels(
+    tracepoint: Option<&'static Tracepoint>,
+) -> (Cow<'static, str>, Cow<'static, str>) {
+    tracepoint.map_or((Cow::Borrowed(""), Cow::Borrowed("")), |tp| {
+        (Cow::Borrowed(tp.name), Cow::Owned(tp.path()))
+    })
+}
+
+/// Declares [`Event`], [`EventKind`] and what goes by an event's kind, from one table: each
+/// variant, its record type and the name of its kind in the `event` field.
+macro_rules! events {
+    ($($(#[$doc:meta])* $variant:ident($record:ty) = $name:literal,)*) => {
+        /// One thing that happened in a session.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "event")]
+        pub enum Event {
+            $($(#[$doc])* #[serde(rename = $name)] $variant($record),)*
+        }
+
+        /// What kind of thing an [`Event`] is: the tag in its `event` field.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum EventKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl EventKind {
+            /// Every kind, in the order of [`Event`]'s variants.
+            pub const ALL: &'static [EventKind] = &[$(Self::$variant,)*];
+
+            /// The tag as written in the `event` field (`pass_begin`, `layer`, ...).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+
+            /// The kind whose tag is `name`.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|kind| kind.as_str() == name)
+            }
+
+            /// Reads one event line of this kind straight into its record type.
+            pub(crate) fn parse(self, line: &str) -> Result<Event, serde_json::Error> {
+                match self {
+                    $(Self::$variant => serde_json::from_str::<$record>(line).map(Event::$variant),)*
+                }
+            }
+        }
+
+        impl Event {
+            /// The event's kind.
+            pub fn kind(&self) -> EventKind {
+                match self {
+                    $(Event::$variant(_) => EventKind::$variant,)*
+                }
+            }
+
+            /// The sequence number.
+            pub fn seq(&self) -> u64 {
+                match self {
+                    $(Event::$variant(e) => e.seq,)*
+                }
+            }
+        }
+    };
+}
+
+events! {
     /// A forward pass began.
-    PassBegin(PassBegin),
+    PassBegin(PassBegin) = "pass_begin",
     /// A forward pass ended; the anomaly rules and the logit evolution of the pass.
-    PassEnd(PassEnd),
+    PassEnd(PassEnd) = "pass_end",
     /// A layer call ended: its input, stages and output.
-    Layer(LayerEvent),
+    Layer(LayerEvent) = "layer",
     /// Attention probabilities: a tensor's query rows, sparsely.
-    Attention(AttentionEvent),
+    Attention(AttentionEvent) = "attention",
     /// Logits: a tensor's next-token rows.
-    Logits(LogitsEvent),
+    Logits(LogitsEvent) = "logits",
     /// One step of a KV cache.
-    KvCache(KvCacheEvent),
+    KvCache(KvCacheEvent) = "kv_cache",
     /// Error of a quantized computation against its reference.
-    Quant(QuantEvent),
+    Quant(QuantEvent) = "quant",
     /// A value a tracepoint could not record, a sink that failed, or a warning (its kind says
     /// which: [`RecordErrorKind::is_warning`](crate::RecordErrorKind::is_warning)); first
     /// occurrence, the counts are in [`SessionEnd`].
-    Error(ErrorEvent),
+    Error(ErrorEvent) = "error",
     /// The session ended; a file without it was cut short.
-    SessionEnd(SessionEnd),
+    SessionEnd(SessionEnd) = "session_end",
 }
 
 impl Event {
-    /// The sequence number.
-    pub fn seq(&self) -> u64 {
-        match self {
-            Event::PassBegin(e) => e.seq,
-            Event::PassEnd(e) => e.seq,
-            Event::Layer(e) => e.seq,
-            Event::Attention(e) => e.seq,
-            Event::Logits(e) => e.seq,
-            Event::KvCache(e) => e.seq,
-            Event::Quant(e) => e.seq,
-            Event::Error(e) => e.seq,
-            Event::SessionEnd(e) => e.seq,
-        }
-    }
-
     /// The name of the event's kind, as written in the `event` field.
     pub fn kind_name(&self) -> &'static str {
-        match self {
-            Event::PassBegin(_) => "pass_begin",
-            Event::PassEnd(_) => "pass_end",
-            Event::Layer(_) => "layer",
-            Event::Attention(_) => "attention",
-            Event::Logits(_) => "logits",
-            Event::KvCache(_) => "kv_cache",
-            Event::Quant(_) => "quant",
-            Event::Error(_) => "error",
-            Event::SessionEnd(_) => "session_end",
-        }
+        self.kind().as_str()
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
     }
 }
 
@@ -160,7 +209,7 @@ pub struct LayerEvent {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        with = "crate::record::float::option"
+        with = "crate::float::option"
     )]
     pub residual_ratio: Option<f32>,
 }
@@ -199,7 +248,7 @@ pub struct LogitRow {
     /// The highest logits' token ids, best first (`auto_track_top_k` of them).
     pub top_tokens: Vec<u32>,
     /// Their logits.
-    #[serde(with = "crate::record::float::vec")]
+    #[serde(with = "crate::float::vec")]
     pub top_logits: Vec<f32>,
     /// Rank and logit of each explicitly tracked token (`tracked_tokens`), in that order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -212,7 +261,7 @@ pub struct TrackedLogit {
     /// Token id.
     pub token: u32,
     /// Its logit (NaN outside the vocabulary).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub logit: f32,
     /// Logits strictly greater than it (0: the top token).
     pub rank: usize,

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::{Tracepoint, TracepointKind};
-use crate::session::ModelTracerConfig;
+use crate::config::ModelTracerConfig;
+use crate::tracepoint::{Tracepoint, TracepointKind};
 
 /// Version of the trace-file schema this crate writes and reads. A reader refuses a file of a
 /// newer version; `docs/trace-format.md` says what each version means.

@@ -26,7 +26,7 @@ pub struct KvCacheStateTrace {
     /// Fraction of lookups served from the cache, in `[0, 1]`; `None` when the cache does not
     /// measure it (an append-only cache has nothing to miss), so that unmeasured steps do not
     /// drag the session average to zero.
-    #[serde(default, with = "crate::record::float::option")]
+    #[serde(default, with = "crate::float::option")]
     pub cache_hit_rate: Option<f32>,
 }
 
@@ -67,7 +67,7 @@ pub struct KvCacheSessionTrace {
     /// Largest total of the caches' latest sizes.
     pub peak_memory_bytes: usize,
     /// Mean hit rate over the steps that reported one (0 when none did; see `hit_rate_steps`).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub avg_hit_rate: f32,
     /// Steps that reported a hit rate.
     pub hit_rate_steps: usize,

@@ -2,6 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{LogitRow, TrackedLogit};
+use crate::stats::top_k_by_selection;
+
 /// The logit and rank of one token at each layer where logits were recorded.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenLogitEvolution {
@@ -13,7 +16,7 @@ pub struct TokenLogitEvolution {
     pub layers: Vec<usize>,
     /// Logit at each recorded layer (NaN and ±Inf are written to JSON as the strings `"NaN"`,
     /// `"inf"`, `"-inf"`, so a broken model still produces a readable trace).
-    #[serde(with = "crate::record::float::vec")]
+    #[serde(with = "crate::float::vec")]
     pub logits_by_layer: Vec<f32>,
     /// Rank at each recorded layer: how many logits were strictly greater (0 = top token).
     pub ranks_by_layer: Vec<usize>,
@@ -81,10 +84,10 @@ pub struct LogitEvolutionTrace {
     #[serde(default)]
     pub batch: usize,
     /// Sampling temperature in use (metadata; ranks do not depend on it).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub temperature: f32,
     /// Nucleus sampling threshold in use (metadata).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub top_p: f32,
     /// Tracked tokens, in tracking order (the tracer's automatic choice lists them by final
     /// rank, so the first one is the predicted token).
@@ -178,6 +181,70 @@ impl LogitEvolutionTrace {
             .map(|t| t.layers.len())
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// The dimensions of logits, `[batch, seq, vocab]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogitsDims {
+    pub(crate) batch: usize,
+    pub(crate) seq: usize,
+    pub(crate) vocab: usize,
+}
+
+impl LogitsDims {
+    /// From `[vocab]`, `[batch, vocab]` or `[batch, seq, vocab]`.
+    pub(crate) fn of(shape: &[usize]) -> Option<Self> {
+        let (batch, seq, vocab) = match *shape {
+            [vocab] => (1, 1, vocab),
+            [batch, vocab] => (batch, 1, vocab),
+            [batch, seq, vocab] => (batch, seq, vocab),
+            _ => return None,
+        };
+        Some(Self { batch, seq, vocab })
+    }
+
+    /// How many values a tensor of these dimensions holds; `None` when that overflows.
+    pub(crate) fn len(self) -> Option<usize> {
+        self.batch.checked_mul(self.seq)?.checked_mul(self.vocab)
+    }
+
+    /// The next-token row (the last position) of each batch row of `data`, which holds
+    /// [`len`](Self::len) values.
+    pub(crate) fn next_token_rows(self, data: &[f32]) -> impl Iterator<Item = &[f32]> {
+        (0..self.batch).map(move |b| {
+            let start = (b * self.seq + self.seq - 1) * self.vocab;
+            &data[start..start + self.vocab]
+        })
+    }
+}
+
+/// One next-token row as recorded: its `top_k` tokens and the rank and logit of each tracked
+/// token (NaN and past the last rank for a token beyond the row). `positions` and `values` are
+/// scratch space, reused across rows.
+pub(crate) fn logit_row(
+    batch: usize,
+    row: &[f32],
+    top_k: usize,
+    tracked: &[u32],
+    (positions, values): (&mut Vec<usize>, &mut Vec<f32>),
+) -> LogitRow {
+    top_k_by_selection(row, top_k, f32::NEG_INFINITY, positions, values);
+    LogitRow {
+        batch,
+        top_tokens: positions
+            .iter()
+            .filter_map(|&p| u32::try_from(p).ok())
+            .collect(),
+        top_logits: values.clone(),
+        tracked: tracked
+            .iter()
+            .map(|&token| TrackedLogit {
+                token,
+                logit: row.get(token as usize).copied().unwrap_or(f32::NAN),
+                rank: LogitEvolutionTrace::compute_rank(row, token),
+            })
+            .collect(),
     }
 }
 

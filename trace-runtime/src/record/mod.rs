@@ -5,7 +5,6 @@
 mod activation;
 mod attention;
 mod event;
-pub(crate) mod float;
 mod header;
 mod kv_cache;
 mod logit;

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::Tracepoint;
+use crate::tracepoint::Tracepoint;
 
 /// Distinct errors kept per session; a tracepoint failing on every call with a new shape must
 /// not grow memory without bound. Further distinct errors are counted, not kept.

@@ -53,11 +53,8 @@
 //! [`finish`]: Session::finish
 //! [`finish_with_errors`]: Session::finish_with_errors
 
-mod capture;
 mod clock;
-mod config;
 mod errors;
-mod filter;
 pub(crate) mod state;
 
 use std::fmt;
@@ -65,11 +62,10 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use capture::CaptureFilter;
-pub use config::{ModelTracerConfig, DEFAULT_MEMORY_LIMIT_BYTES};
 pub use errors::{RecordError, RecordErrorKind, MAX_DISTINCT_ERRORS};
-pub(crate) use filter::glob_match;
-pub use filter::{FilterError, TraceFilter};
+
+use crate::config::ModelTracerConfig;
+use crate::select::{CaptureFilter, FilterError, TraceFilter};
 
 use crate::format::{self, CaptureWriter, DEFAULT_CAPTURE_CHUNK_BYTES};
 use crate::record::{RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION};
@@ -197,7 +193,7 @@ impl Session {
             capture: Setting::Unset,
             capture_chunk_bytes: DEFAULT_CAPTURE_CHUNK_BYTES,
             metadata: RunMetadata::default(),
-            keep_in_memory: true,
+            keep_in_memory: None,
             sinks: Vec::new(),
             from_env: false,
         }
@@ -362,7 +358,8 @@ pub struct SessionBuilder {
     capture: Setting,
     capture_chunk_bytes: usize,
     metadata: RunMetadata,
-    keep_in_memory: bool,
+    /// `None`: records are kept unless the session writes a trace file.
+    keep_in_memory: Option<bool>,
     sinks: Vec<Box<dyn TraceSink>>,
     from_env: bool,
 }
@@ -419,10 +416,17 @@ impl SessionBuilder {
         self
     }
 
-    /// Whether the in-memory [`ModelTracer`] keeps records (default: yes). Without it,
-    /// [`Session::finish`] returns an empty tracer.
+    /// Whether the in-memory [`ModelTracer`] that [`Session::finish`] returns keeps the
+    /// records (up to [`ModelTracerConfig::memory_limit_bytes`]) or only the summary.
+    ///
+    /// Default: the records are kept unless the session writes a trace file, which holds them
+    /// all; a file-backed session then costs a summary's memory however long it runs, and its
+    /// tracer's [`summary`](ModelTracer::summary) still covers every record while its record
+    /// accessors ([`activation_traces`](ModelTracer::activation_traces), ...) are empty. Read
+    /// the records back from the file ([`TraceReader`](crate::TraceReader),
+    /// [`ModelTracer::from_events`]), or ask for them here with `in_memory(true)`.
     pub fn in_memory(mut self, keep: bool) -> Self {
-        self.keep_in_memory = keep;
+        self.keep_in_memory = Some(keep);
         self
     }
 
@@ -597,7 +601,7 @@ impl SessionBuilder {
         let setup = SessionSetup {
             config: self.config,
             filter,
-            keep_in_memory: self.keep_in_memory,
+            keep_in_memory: self.keep_in_memory.unwrap_or(trace_file.is_none()),
             sinks: self.sinks,
             capture: capture_writer,
             header,

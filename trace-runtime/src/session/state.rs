@@ -12,20 +12,20 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::capture::CaptureFilter;
 use super::clock;
 use super::errors::{ErrorBook, RecordError, RecordErrorKind};
-use super::{ModelTracerConfig, TraceFilter};
-use crate::__private::Callsite;
 use crate::analysis::PassRecorder;
+use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::format::CaptureWriter;
 use crate::record::{
-    ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
+    labels, ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
     SessionEnd, StageEvent, TraceHeader,
 };
-use crate::registry::{Tracepoint, TracepointKind};
+use crate::select::{CaptureFilter, TraceFilter};
 use crate::sink::{LayerBegin, ModelTracer, TraceSink};
-use crate::summary::{DigestPolicy, TensorSummary};
+use crate::summary::TensorSummary;
+use crate::tracepoint::callsite::{Callsite, Interest};
+use crate::tracepoint::{Tracepoint, TracepointKind};
 
 thread_local! {
     /// Generation of the session recording on this thread; 0 when none.
@@ -37,17 +37,6 @@ thread_local! {
 /// Generations are unique across threads, so a callsite's cached decision, keyed by
 /// generation, can never be mistaken for another session's.
 static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
-
-/// Decision bit: the tracepoint's hook runs (for `model` and `layer`: keeps the structure).
-pub(crate) const RUN: u8 = 1;
-/// Decision bit: the tracepoint records its values.
-pub(crate) const RECORD: u8 = 2;
-/// Decision bit of a stage the filter does not admit itself: it records when the innermost
-/// open layer records (see [`TraceFilter`]'s rule for stages).
-pub(crate) const IN_RECORDED_LAYER: u8 = 4;
-/// Decision bit of a `model` tracepoint whose passes the filter leaves out: the session is
-/// suspended while the pass runs.
-pub(crate) const SUSPEND: u8 = 8;
 
 #[inline(always)]
 pub(crate) fn active_generation() -> u32 {
@@ -160,9 +149,9 @@ fn set_suspended(generation: u32, change: impl FnOnce(usize) -> usize) -> bool {
         .unwrap_or(false)
 }
 
-/// Decision bits ([`RUN`], [`RECORD`]) for `callsite` in the session with `generation`;
-/// `None` when the state cannot be read right now (borrowed by a hook further up the stack).
-pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<u8> {
+/// What the session with `generation` wants of `callsite`; `None` when the state cannot be
+/// read right now (borrowed by a hook further up the stack).
+pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<Interest> {
     let decided = with_session(generation, |session| {
         let key = std::ptr::from_ref(callsite) as usize;
         let SessionState {
@@ -173,7 +162,7 @@ pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<u8>
         } = session;
         *decisions
             .entry(key)
-            .or_insert_with(|| decision(config, filter, callsite.tracepoint()))
+            .or_insert_with(|| interest(config, filter, callsite.tracepoint()))
     });
     if decided.is_some() {
         return decided;
@@ -181,18 +170,24 @@ pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<u8>
     let borrowed = SESSIONS
         .try_with(|sessions| sessions.try_borrow_mut().is_err())
         .unwrap_or(false);
-    // Not borrowed: the session is gone, and "inactive" is the right answer to cache.
-    (!borrowed).then_some(0)
+    // Not borrowed: the session is gone, and "never" is the right answer to cache.
+    (!borrowed).then_some(Interest::Never)
 }
 
-fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Tracepoint) -> u8 {
+fn interest(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Tracepoint) -> Interest {
     let admitted = filter.admits(tracepoint);
-    let records = |on: bool| if on && admitted { RUN | RECORD } else { 0 };
+    let records = |on: bool| {
+        if on && admitted {
+            Interest::Record
+        } else {
+            Interest::Never
+        }
+    };
     match tracepoint.kind {
         TracepointKind::Model => match (config.is_enabled(), filter.traces_pass(tracepoint)) {
-            (false, _) => 0,
-            (true, true) => RUN,
-            (true, false) => RUN | SUSPEND,
+            (false, _) => Interest::Never,
+            (true, true) => Interest::Structure,
+            (true, false) => Interest::Suspend,
         },
         TracepointKind::Layer => {
             // A layer the filter drops still runs (numbering, enclosing index) when something
@@ -205,20 +200,20 @@ fn decision(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
                 || may(config.trace_quant_error, TracepointKind::Quant)
                 || may(config.trace_kv_cache, TracepointKind::KvCache);
             match (needs_context, config.trace_activations && admitted) {
-                (false, _) => 0,
-                (true, false) => RUN,
-                (true, true) => RUN | RECORD,
+                (false, _) => Interest::Never,
+                (true, false) => Interest::Structure,
+                (true, true) => Interest::Record,
             }
         }
         TracepointKind::Tensor => {
             if !config.trace_activations {
-                0
+                Interest::Never
             } else if admitted {
-                RUN | RECORD
+                Interest::Record
             } else if !filter.excludes(tracepoint) && filter.may_admit_kind(TracepointKind::Layer) {
-                RUN | IN_RECORDED_LAYER
+                Interest::InRecordedLayer
             } else {
-                0
+                Interest::Never
             }
         }
         TracepointKind::Attention => records(config.trace_attention),
@@ -260,8 +255,11 @@ pub(crate) struct SessionState {
     filter: TraceFilter,
     /// Callsite address -> decision bits; the callsite's own one-entry cache thrashes when
     /// sessions on several threads run the same code, and this keeps the miss cheap.
-    decisions: HashMap<usize, u8>,
-    memory: Option<ModelTracer>,
+    decisions: HashMap<usize, Interest>,
+    /// Keeps the records, or only the summary (see [`SessionBuilder::in_memory`]).
+    ///
+    /// [`SessionBuilder::in_memory`]: super::SessionBuilder::in_memory
+    memory: ModelTracer,
     sinks: Vec<SinkSlot>,
     errors: ErrorBook,
     /// The effective digest policy: `Off` unless a sink keeps digests.
@@ -327,7 +325,11 @@ impl SessionState {
         };
         let mut state = Self {
             generation: 0,
-            memory: keep_in_memory.then(|| ModelTracer::new(config.clone())),
+            memory: if keep_in_memory {
+                ModelTracer::new(config.clone())
+            } else {
+                ModelTracer::summary_only(config.clone())
+            },
             config,
             filter,
             decisions: HashMap::new(),
@@ -367,9 +369,7 @@ impl SessionState {
 
     /// Hands `event` to every sink that is still running.
     pub(crate) fn emit(&mut self, event: &Event) {
-        if let Some(memory) = &mut self.memory {
-            memory.accept(event);
-        }
+        self.memory.accept(event);
         self.for_each_sink(|sink| sink.event(event));
     }
 
@@ -410,12 +410,13 @@ impl SessionState {
             };
             eprintln!("model-trace: warning: {warning}");
         }
+        let (tracepoint, function) = labels(tracepoint);
         let event = Event::Error(ErrorEvent {
             seq: self.next_seq(),
             pass: self.pass.as_ref().map(|pass| pass.id),
             layer: self.enclosing_layer(),
-            tracepoint: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
-            function: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
+            tracepoint,
+            function,
             kind,
             message,
         });
@@ -481,12 +482,13 @@ impl SessionState {
         let position = position.unwrap_or(id);
         let start_ns = clock::now_ns();
         self.recorder.begin(position);
+        let (tracepoint_label, function) = labels(tracepoint);
         let event = Event::PassBegin(PassBegin {
             seq: self.next_seq(),
             pass: id,
             position,
-            tracepoint: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
-            function: tracepoint.map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
+            tracepoint: tracepoint_label,
+            function,
             start_ns,
         });
         self.emit(&event);
@@ -589,7 +591,7 @@ impl SessionState {
             pass: pass_id,
             layer: index,
             tracepoint: tracepoint.name,
-            function: Cow::Owned(tracepoint.path()),
+            function: labels(Some(tracepoint)).1,
             start_ns,
         };
         self.for_each_sink(|sink| sink.layer_begin(&begin));
@@ -635,23 +637,21 @@ impl SessionState {
             let Some(pass) = self.pass.as_ref().map(|pass| pass.id) else {
                 continue;
             };
+            let (tracepoint, function) = labels(Some(frame.tracepoint));
             let event = LayerEvent {
                 seq: frame.seq,
                 pass,
                 layer: frame.index,
-                tracepoint: Cow::Borrowed(frame.tracepoint.name),
-                function: Cow::Owned(frame.tracepoint.path()),
+                tracepoint,
+                function,
                 start_ns: frame.start_ns,
                 duration_ns: clock::now_ns().saturating_sub(frame.start_ns),
                 stages: frame.stages,
                 residual_ratio: None,
             };
             if self.config.trace_activations {
-                let mut trace = LayerActivationTrace::new(event.layer);
-                for stage in &event.stages {
-                    trace.set_stage(&stage.name, stage.tensor.stats);
-                }
-                self.recorder.add_layer(trace);
+                self.recorder
+                    .add_layer(LayerActivationTrace::from_event(&event));
             }
             self.emit(&Event::Layer(event));
         }
@@ -801,16 +801,15 @@ impl SessionState {
             .errors
             .all()
             .iter()
-            .map(|e| ErrorCount {
-                tracepoint: e
-                    .tracepoint
-                    .map_or(Cow::Borrowed(""), |tp| Cow::Borrowed(tp.name)),
-                function: e
-                    .tracepoint
-                    .map_or(Cow::Borrowed(""), |tp| Cow::Owned(tp.path())),
-                kind: e.kind,
-                message: e.message.clone(),
-                occurrences: e.occurrences,
+            .map(|e| {
+                let (tracepoint, function) = labels(e.tracepoint);
+                ErrorCount {
+                    tracepoint,
+                    function,
+                    kind: e.kind,
+                    message: e.message.clone(),
+                    occurrences: e.occurrences,
+                }
             })
             .collect();
         let event = Event::SessionEnd(SessionEnd {
@@ -829,10 +828,7 @@ impl SessionState {
     /// errors (not the warnings, printed when they happened).
     pub(crate) fn into_results(mut self) -> (ModelTracer, Vec<RecordError>) {
         self.end();
-        let tracer = self
-            .memory
-            .take()
-            .unwrap_or_else(|| ModelTracer::new(self.config.clone()));
+        let tracer = std::mem::take(&mut self.memory);
         let mut errors = std::mem::take(&mut self.errors).into_vec();
         errors.retain(|error| !error.kind.is_warning());
         (tracer, errors)

@@ -11,12 +11,12 @@ pub use summary::ModelTracerSummary;
 use summary::Totals;
 
 use crate::analysis::PassRecorder;
+use crate::config::ModelTracerConfig;
 use crate::record::{
     Anomaly, AttentionWeightTrace, Event, KvCacheSessionTrace, KvCacheStateTrace,
-    LayerActivationTrace, LayerEvent, LogitEvolutionTrace, ModelActivationTrace,
-    ModelQuantizationError, QuantizationErrorTrace,
+    LayerActivationTrace, LogitEvolutionTrace, ModelActivationTrace, ModelQuantizationError,
+    QuantizationErrorTrace,
 };
-use crate::session::ModelTracerConfig;
 use crate::sink::{SinkError, TraceSink};
 
 /// The records of a run, in memory, grouped by forward pass.
@@ -74,6 +74,10 @@ pub struct ModelTracer {
     /// Handed back by a session of a build without the `enabled` feature.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     compiled_out: bool,
+    /// Keeps only the summary: records are counted into it, not kept (the tracer of a session
+    /// whose trace file holds them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    summary_only: bool,
 }
 
 /// The pass in progress and its entries, by index.
@@ -102,6 +106,22 @@ impl ModelTracer {
             compiled_out: true,
             ..Self::new(config)
         }
+    }
+
+    /// A tracer that keeps no records, only its summary (which covers every record): what a
+    /// session that writes a trace file returns unless asked to keep the records too (see
+    /// [`SessionBuilder::in_memory`](crate::SessionBuilder::in_memory)).
+    pub(crate) fn summary_only(config: ModelTracerConfig) -> Self {
+        Self {
+            summary_only: true,
+            ..Self::new(config)
+        }
+    }
+
+    /// Whether this tracer keeps only its summary: its record accessors are empty, the records
+    /// are in the session's trace file.
+    pub fn is_summary_only(&self) -> bool {
+        self.summary_only
     }
 
     /// Whether this tracer comes from a session of a build without the `enabled` feature (see
@@ -193,10 +213,13 @@ impl ModelTracer {
         if !self.config.trace_attention {
             return;
         }
-        let row = self
-            .config
-            .attention_config
-            .trace_row(layer_idx, head_idx, query_pos, weights);
+        let row = AttentionWeightTrace::configured(
+            &self.config.attention_config,
+            layer_idx,
+            head_idx,
+            query_pos,
+            weights,
+        );
         if let Some(trace) = row {
             self.keep_attention(trace);
         }
@@ -266,14 +289,20 @@ impl ModelTracer {
                     self.close_pass(end.anomalies.clone(), end.logit_evolution.clone());
                 }
             }
-            Event::Layer(layer) => {
-                if self.config.trace_activations && self.open.is_some() {
-                    self.keep_layer(layer_trace(layer));
-                }
-            }
+            Event::Layer(layer) => match &mut self.open {
+                _ if !self.config.trace_activations => {}
+                // Only counted: building the record to drop it would cost an allocation.
+                Some(open) if self.summary_only => open.layers += 1,
+                Some(_) => self.keep_layer(LayerActivationTrace::from_event(layer)),
+                None => {}
+            },
             Event::Attention(attention) => {
                 for row in &attention.rows {
-                    self.record_attention(row.clone());
+                    if self.summary_only {
+                        self.totals.count_attention(row);
+                    } else {
+                        self.record_attention(row.clone());
+                    }
                 }
                 self.totals.attention.end_group();
             }
@@ -320,7 +349,7 @@ impl ModelTracer {
             .close_pass(open.layers, open.position, &anomalies);
         if let Some(at) = open.activations {
             let trace = &mut self.activation_traces[at];
-            apply_verdict(trace, anomalies);
+            trace.set_verdict(anomalies);
         }
         for trace in logits {
             self.totals.logit_traces += 1;
@@ -336,7 +365,7 @@ impl ModelTracer {
         };
         open.layers += 1;
         let Some(at) = open.activations else {
-            self.totals.dropped += 1;
+            self.not_kept();
             return;
         };
         if self.reserve(heap_size_of_layer(&trace)) {
@@ -383,12 +412,21 @@ impl ModelTracer {
     /// Accounts `bytes` for a record about to be kept; `false` (and the record counted as
     /// dropped) when that would pass the memory limit.
     fn reserve(&mut self, bytes: usize) -> bool {
-        if self.retained_bytes.saturating_add(bytes) > self.config.memory_limit_bytes {
-            self.totals.dropped += 1;
+        if self.summary_only
+            || self.retained_bytes.saturating_add(bytes) > self.config.memory_limit_bytes
+        {
+            self.not_kept();
             return false;
         }
         self.retained_bytes += bytes;
         true
+    }
+
+    /// Counts a record that was not kept as dropped, unless no record is kept by design.
+    fn not_kept(&mut self) {
+        if !self.summary_only {
+            self.totals.dropped += 1;
+        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -498,29 +536,6 @@ impl TraceSink for ModelTracer {
     }
 }
 
-/// The layer's statistics, as a session would have recorded them in memory.
-fn layer_trace(event: &LayerEvent) -> LayerActivationTrace {
-    let mut trace = LayerActivationTrace::new(event.layer);
-    for stage in &event.stages {
-        trace.set_stage(&stage.name, stage.tensor.stats);
-    }
-    if let Some(ratio) = event.residual_ratio {
-        trace.residual_ratio = ratio;
-        trace.residual_ratio_exact = true;
-    }
-    trace
-}
-
-fn apply_verdict(trace: &mut ModelActivationTrace, anomalies: Vec<Anomaly>) {
-    let reported = anomalies.first();
-    trace.anomalous_layers = anomalies.len();
-    trace.has_anomaly = reported.is_some();
-    trace.anomaly_layer = reported.map(|a| a.layer);
-    trace.anomaly_kind = reported.map(|a| a.kind);
-    trace.anomaly_desc = reported.map(|a| a.description.clone());
-    trace.anomalies = anomalies;
-}
-
 fn heap_size_of_layer(trace: &LayerActivationTrace) -> usize {
     std::mem::size_of::<LayerActivationTrace>()
         + trace
@@ -551,7 +566,7 @@ fn heap_size_of_logits(trace: &LogitEvolutionTrace) -> usize {
 mod tests {
     use super::*;
     use crate::record::{KvCacheStateTrace, QuantizationErrorTrace};
-    use crate::summary::TensorStats;
+    use crate::stats::TensorStats;
 
     fn logits_with_order(vocab: usize, order: &[u32]) -> Vec<f32> {
         // tokens in `order` get the highest logits, first is best

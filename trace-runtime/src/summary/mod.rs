@@ -3,7 +3,6 @@
 
 mod fingerprint;
 mod sketch;
-mod stats;
 
 use std::borrow::Cow;
 
@@ -11,30 +10,13 @@ use serde::{Deserialize, Serialize};
 
 pub use fingerprint::{Fingerprint, FingerprintParseError};
 pub use sketch::{element_hash, Sketch, SKETCH_DIM, SKETCH_SEED};
-pub use stats::*;
 
+use crate::config::DigestPolicy;
+use crate::stats::TensorStats;
 use crate::tensor::{TensorError, TraceTensor};
 
 /// Values kept from each end of a tensor ([`TensorSummary::head`], [`TensorSummary::tail`]).
 pub const SAMPLE_LEN: usize = 4;
-
-/// When tensors get a fingerprint, a sketch and sample values (their digest), besides statistics.
-///
-/// Digests need every value on the host. A tensor on a device (a GPU) gets its statistics
-/// reduced where it lives, but its digest costs a copy to the host and a synchronisation, so by
-/// default it has none. Digests are only computed for sessions with a sink that keeps them (the
-/// trace file does; the in-memory [`ModelTracer`](crate::ModelTracer) does not).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DigestPolicy {
-    /// Never: statistics only.
-    Off,
-    /// For tensors already on the host (every CPU tensor); device tensors get statistics only.
-    #[default]
-    HostOnly,
-    /// For every tensor, copying device tensors to the host.
-    Always,
-}
 
 /// One tensor as recorded: shape, element type, statistics and, when a digest was taken (see
 /// [`DigestPolicy`]), the fingerprint, sketch and sample values; `capture` says where the full
@@ -58,14 +40,14 @@ pub struct TensorSummary {
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
-        with = "crate::record::float::vec"
+        with = "crate::float::vec"
     )]
     pub head: Vec<f32>,
     /// The last `min(SAMPLE_LEN, n)` values (overlapping `head` when `n < 2·SAMPLE_LEN`).
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
-        with = "crate::record::float::vec"
+        with = "crate::float::vec"
     )]
     pub tail: Vec<f32>,
     /// Where the full tensor was saved, when a capture filter selected it.

@@ -34,7 +34,7 @@ const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// moves each component by about `‖x − Px‖₂`, far beyond the bound of a small tolerance.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Sketch(#[serde(with = "crate::record::float::array")] pub [f32; SKETCH_DIM]);
+pub struct Sketch(#[serde(with = "crate::float::array")] pub [f32; SKETCH_DIM]);
 
 impl Sketch {
     /// The sketch of `data` (NaN and ±Inf are left out, like in the statistics).

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use candle_core::{DType, Storage, Tensor};
 
 use super::{TensorError, TraceTensor};
-use crate::summary::{FiniteMoments, TensorStats};
+use crate::stats::{FiniteMoments, TensorStats};
 
 impl From<candle_core::Error> for TensorError {
     fn from(error: candle_core::Error) -> Self {

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::summary::TensorStats;
+use crate::stats::TensorStats;
 
 #[cfg(feature = "candle")]
 mod candle;

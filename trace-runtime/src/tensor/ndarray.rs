@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ::ndarray::{ArrayBase, Data, Dimension};
 
 use super::{TensorError, TraceTensor};
-use crate::summary::TensorStats;
+use crate::stats::TensorStats;
 
 impl<S, D> TraceTensor for ArrayBase<S, D>
 where

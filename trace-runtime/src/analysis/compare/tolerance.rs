@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::glob_match;
+use crate::select::glob_match;
 
 /// Polygraphy's default absolute tolerance (for FP32 comparisons).
 pub const DEFAULT_ATOL: f64 = 1e-5;

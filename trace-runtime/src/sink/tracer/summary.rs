@@ -78,6 +78,7 @@ impl Totals {
         let config = &tracer.config;
         ModelTracerSummary {
             tracing_compiled_out: tracer.compiled_out,
+            summary_only: tracer.summary_only,
             attention_traced: config.trace_attention,
             logits_traced: config.trace_logits,
             kv_cache_traced: config.trace_kv_cache,
@@ -118,6 +119,10 @@ pub struct ModelTracerSummary {
     /// be recorded, and `Display` says only that.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tracing_compiled_out: bool,
+    /// The tracer kept only this summary, not the records: they are in the session's trace
+    /// file (see [`SessionBuilder::in_memory`](crate::SessionBuilder::in_memory)).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary_only: bool,
     /// Attention was traced ([`ModelTracerConfig::trace_attention`](crate::ModelTracerConfig)).
     #[serde(default)]
     pub attention_traced: bool,
@@ -258,6 +263,11 @@ impl fmt::Display for ModelTracerSummary {
                     self.record_errors_not_kept
                 )?;
             }
+        }
+        if self.summary_only {
+            f.write_str(
+                "\n  Records: in the trace file (kept in memory with SessionBuilder::in_memory(true))",
+            )?;
         }
         if self.records_dropped > 0 {
             write!(

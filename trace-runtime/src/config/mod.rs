@@ -1,9 +1,13 @@
-//! What a session records: [`ModelTracerConfig`].
+//! What a session records: [`ModelTracerConfig`], with its parts [`AttentionTraceConfig`] and
+//! [`DigestPolicy`]. Record data too: a trace file's header carries it.
+
+mod attention;
+mod digest;
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::AttentionTraceConfig;
-use crate::summary::DigestPolicy;
+pub use attention::AttentionTraceConfig;
+pub use digest::DigestPolicy;
 
 /// Default [`ModelTracerConfig::memory_limit_bytes`]: 16 MiB, about 200 tokens of SmolLM2-135M
 /// traced in full without quantization.

@@ -1,6 +1,7 @@
 //! Summary statistics of a tensor, computed in one pass with no allocation.
 
 mod kernel;
+pub(crate) mod top_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -8,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 #[doc(hidden)]
 pub use kernel::StatsKernel;
+pub use top_k::top_k_by_selection;
 
 /// Statistics of a tensor's values.
 ///
@@ -27,13 +29,13 @@ pub struct TensorStats {
     /// Number of elements, including NaN and ±Inf.
     pub count: usize,
     /// Smallest finite value.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub min: f32,
     /// Largest finite value.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub max: f32,
     /// Mean of the finite values.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub mean: f32,
     /// Population standard deviation of the finite values: `sqrt(Σ (x - mean)² / n)` with `n`
     /// the number of finite values.
@@ -42,10 +44,10 @@ pub struct TensorStats {
     /// `[1, 2, 3, 4, 5]` where this gives `sqrt(2) ≈ 1.414`; `torch.std` and `np.std(ddof=1)`
     /// are sample, `np.std` is population). The population form is the one that merges exactly
     /// ([`merge`](Self::merge)) and is defined for a single element (`0.0`).
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub std: f32,
     /// Euclidean norm of the finite values; `+Inf` when it exceeds `f32::MAX`.
-    #[serde(with = "crate::record::float::single")]
+    #[serde(with = "crate::float::single")]
     pub l2_norm: f32,
     /// Number of NaN elements.
     pub nan_count: usize,

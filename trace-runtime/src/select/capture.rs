@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::Bound;
 
 use super::filter::{FilterError, TraceFilter};
-use crate::registry::Tracepoint;
+use crate::tracepoint::Tracepoint;
 
 /// Selects the tensors a session saves in full, beside its trace file.
 ///
@@ -142,7 +142,7 @@ impl Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::TracepointKind;
+    use crate::tracepoint::TracepointKind;
 
     fn tp(kind: TracepointKind, name: &'static str) -> Tracepoint {
         Tracepoint {

@@ -1,0 +1,137 @@
+//! The static list of tracepoints compiled into the program.
+//!
+//! Every annotation (an attribute such as `#[trace_layer]`, or an inline macro such as
+//! `trace_tensor!`) defines a static [`Tracepoint`] and submits it to `inventory`, which collects
+//! them when the program starts (before `main`, through the platform's static constructors), so
+//! a program can print what it is able to trace before it runs anything.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) mod callsite;
+
+use callsite::Registered;
+
+/// What a tracepoint records. `Display` gives the lowercase name that filters use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TracepointKind {
+    /// `#[trace_model]`: one forward pass.
+    Model,
+    /// `#[trace_layer]`: one layer call.
+    Layer,
+    /// `#[trace_attention]`, `trace_attention!`: attention probabilities.
+    Attention,
+    /// `#[trace_logits]`, `trace_logits!`: logits.
+    Logits,
+    /// `#[trace_kv_cache]`: one KV-cache step.
+    KvCache,
+    /// `#[trace_quant]`: quantization error against a reference.
+    Quant,
+    /// `trace_tensor!`: an intermediate tensor, a stage of the enclosing layer.
+    Tensor,
+}
+
+impl TracepointKind {
+    /// Every kind, in the order tracepoints are sorted by.
+    pub const ALL: [TracepointKind; 7] = [
+        Self::Model,
+        Self::Layer,
+        Self::Attention,
+        Self::Logits,
+        Self::KvCache,
+        Self::Quant,
+        Self::Tensor,
+    ];
+
+    /// The lowercase name used in `Display` and in filters such as `kv_cache:*`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Layer => "layer",
+            Self::Attention => "attention",
+            Self::Logits => "logits",
+            Self::KvCache => "kv_cache",
+            Self::Quant => "quant",
+            Self::Tensor => "tensor",
+        }
+    }
+
+    /// Parses the name that [`as_str`](Self::as_str) gives.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+impl fmt::Display for TracepointKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// One annotated site in the source: an attribute on a function or an inline macro.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Tracepoint {
+    /// What the tracepoint records.
+    pub kind: TracepointKind,
+    /// `name = "..."` of the annotation, or the function name.
+    pub name: &'static str,
+    /// The annotated function. For an inline macro, the innermost annotated function whose
+    /// lines hold it (closures included); empty outside any.
+    pub function: &'static str,
+    /// `module_path!()` at the annotation.
+    pub module_path: &'static str,
+    /// `file!()` at the annotation.
+    pub file: &'static str,
+    /// `line!()` at the annotation.
+    pub line: u32,
+}
+
+impl Tracepoint {
+    /// `module_path::function`, or the module path alone for an inline macro outside an
+    /// annotated function.
+    pub fn path(&self) -> String {
+        if self.function.is_empty() {
+            self.module_path.to_owned()
+        } else {
+            format!("{}::{}", self.module_path, self.function)
+        }
+    }
+
+    /// Orders by kind, module, name, then location, so listings are stable across builds:
+    /// inventory's own order depends on the linker.
+    pub(crate) fn sort_key(&self) -> (TracepointKind, &str, &str, &str, u32) {
+        (self.kind, self.module_path, self.name, self.file, self.line)
+    }
+}
+
+inventory::collect!(Registered);
+
+/// Every tracepoint compiled into the program, sorted by kind, module, name and location.
+///
+/// Empty when the `enabled` feature is off, because then no annotation emits a tracepoint.
+pub fn tracepoints() -> Vec<&'static Tracepoint> {
+    if !cfg!(feature = "enabled") {
+        return Vec::new();
+    }
+    let mut all: Vec<&'static Tracepoint> = inventory::iter::<Registered>
+        .into_iter()
+        .map(|registered| registered.0.tracepoint())
+        .collect();
+    all.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_their_names() {
+        for kind in TracepointKind::ALL {
+            assert_eq!(TracepointKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(TracepointKind::from_name("kv-cache"), None);
+    }
+}
