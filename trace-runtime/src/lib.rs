@@ -1,12 +1,16 @@
 //! Runtime of `model-trace`. Use it through the `model-trace` crate, which re-exports all of it.
 //!
-//! The folders follow the data: annotated code reads user tensors through [`TraceTensor`]
-//! (`tensor`), summarises them ([`TensorStats`], fingerprint and sketch: `summary`) into the
-//! records and events of `record`; the thread-local [`Session`] (`session`) owns the pass and
-//! layer context and hands each [`Event`] to its sinks (`sink`: the in-memory [`ModelTracer`],
-//! the trace-file writer, a user's own [`TraceSink`]); `format` reads trace files back and
-//! writes captured tensors; `analysis` holds what is computed over records (the anomaly rules);
-//! `registry` lists the tracepoints compiled into the program.
+//! The folders follow the data, and every import runs down this list. On the ground floor, the
+//! vocabulary every other folder speaks: `tracepoint` (what each annotation registers, listed
+//! by [`tracepoints()`]), `select` (the filters that choose tracepoints, [`TraceFilter`] and
+//! [`CaptureFilter`]), `config` ([`ModelTracerConfig`]) and `float` (how values are written).
+//! Then annotated code reads user tensors through [`TraceTensor`] (`tensor`), reduces them
+//! ([`TensorStats`]: `stats`) and summarises them (fingerprint and sketch: `summary`) into the
+//! records and events of `record`; `analysis` holds what is computed over records (the anomaly
+//! rules, attention heads, comparing runs); `format` reads trace files back and writes captured
+//! tensors; `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
+//! own [`TraceSink`]); the thread-local [`Session`] (`session`) owns the pass and layer context
+//! and hands each [`Event`] to its sinks; `__private` is what generated code calls.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

@@ -3,8 +3,8 @@
 //! [`Callsite`] itself (the tracepoint and its cached interest) sits with the tracepoints,
 //! below the session; what needs the session to answer is here, above it.
 
+use crate::record::RecordErrorKind;
 use crate::session::state;
-use crate::session::RecordErrorKind;
 use crate::tracepoint::callsite::{Callsite, Interest};
 
 impl Callsite {

@@ -1,13 +1,13 @@
 //! The record hooks: what the other annotations call with the value they trace.
 
 use super::read::read_tensor;
+use crate::record::RecordErrorKind;
 use crate::record::{
     attention_rows, labels, logit_row, AttentionDims, AttentionEvent, Event, KvCacheEvent,
     KvCacheStateTrace, LogitsDims, LogitsEvent, QuantEvent, QuantType, QuantizationErrorTrace,
     Stage,
 };
 use crate::session::state::{self, TensorPlan};
-use crate::session::RecordErrorKind;
 use crate::summary::TensorSummary;
 use crate::tensor::TraceTensor;
 use crate::tracepoint::callsite::{Callsite, Interest};

@@ -1,7 +1,7 @@
 //! Reading a tensor: its summary, and its values for whoever else needs them.
 
+use crate::record::RecordErrorKind;
 use crate::session::state::{self, TensorPlan};
-use crate::session::RecordErrorKind;
 use crate::summary::{summarize, TensorSummary, ValuesReader};
 use crate::tensor::TraceTensor;
 use crate::tracepoint::callsite::Callsite;

@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::RecordErrorKind;
 use crate::record::{
     ActivationAnomalyKind, Anomaly, AttentionWeightTrace, KvCacheStateTrace, LogitEvolutionTrace,
     QuantizationErrorTrace,
@@ -333,7 +334,7 @@ pub struct ErrorEvent {
     /// Its function's `module::fn` path.
     pub function: Cow<'static, str>,
     /// What kind of error.
-    pub kind: crate::RecordErrorKind,
+    pub kind: RecordErrorKind,
     /// The message.
     pub message: String,
 }
@@ -363,7 +364,7 @@ pub struct ErrorCount {
     /// Its function's `module::fn` path.
     pub function: Cow<'static, str>,
     /// What kind of error.
-    pub kind: crate::RecordErrorKind,
+    pub kind: RecordErrorKind,
     /// The message.
     pub message: String,
     /// How often.

@@ -4,6 +4,7 @@
 
 mod activation;
 mod attention;
+mod error_kind;
 mod event;
 mod header;
 mod kv_cache;
@@ -13,6 +14,7 @@ mod stage;
 
 pub use activation::*;
 pub use attention::*;
+pub use error_kind::RecordErrorKind;
 pub use event::*;
 pub use header::*;
 pub use kv_cache::*;

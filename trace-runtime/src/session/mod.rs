@@ -62,13 +62,15 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use errors::{RecordError, RecordErrorKind, MAX_DISTINCT_ERRORS};
+pub use errors::{RecordError, MAX_DISTINCT_ERRORS};
 
 use crate::config::ModelTracerConfig;
 use crate::select::{CaptureFilter, FilterError, TraceFilter};
 
 use crate::format::{self, CaptureWriter, DEFAULT_CAPTURE_CHUNK_BYTES};
-use crate::record::{RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION};
+use crate::record::{
+    RecordErrorKind, RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION,
+};
 use crate::sink::{ModelTracer, TraceFileSink, TraceSink};
 use state::{SessionSetup, SessionState};
 

@@ -13,10 +13,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::clock;
-use super::errors::{ErrorBook, RecordError, RecordErrorKind};
+use super::errors::{ErrorBook, RecordError};
 use crate::analysis::PassRecorder;
 use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::format::CaptureWriter;
+use crate::record::RecordErrorKind;
 use crate::record::{
     labels, ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
     SessionEnd, StageEvent, TraceHeader,
