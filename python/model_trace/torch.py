@@ -286,14 +286,17 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
     # The probabilities before the stages: a hook on the same module (Llama's self_attn gives
     # both) must record them first, as they were computed first.
     if record_attention and architecture.attention is not None:
-        sub, position = architecture.attention
-        module = modules.get(sub)
+        # Names of their own: the stages' loop below rebinds `sub`, which the hook would see.
+        attention_sub, position = architecture.attention
+        attention_path = f"{path}.{attention_sub}"
+        module = modules.get(attention_sub)
         if module is not None:
             def on_attention(_module: Any, _args: Any, output: Any) -> None:
                 probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
                 if probs is not None:
                     values, dtype = to_numpy(probs)
-                    writer.attention(values, index, sub, f"{path}.{sub}", wants("attention", sub, index), dtype=dtype)
+                    writer.attention(values, index, attention_sub, attention_path,
+                                     wants("attention", attention_sub, index), dtype=dtype)
 
             handles.append(module.register_forward_hook(on_attention))
     for stage, (sub, which) in architecture.stages.items():
