@@ -44,6 +44,12 @@ def test_attention_events_name_the_attention_module(tiny_llama, tmp_path):
     ("attention:self_attn", ["p0.l0.attention.s5", "p0.l1.attention.s14", "p0.l2.attention.s23"]),
     ("layer:*,pass=0,layer=1", ["p0.l1.input.s12", "p0.l1.output.s19"]),
     ("logits:lm_head", ["p0.l3.logits.s29"]),
+    # `::` globs see LlamaForCausalLM::<the module's path>
+    ("LlamaForCausalLM::model.layers.2.*,-attention:*", ["p0.l2.attn_in.s22", "p0.l2.attn_out.s24", "p0.l2.mlp_in.s26",
+                                                          "p0.l2.mlp_out.s27", "p0.l2.resid_mid.s25"]),
+    ("tensor:mlp_*,-*::model.layers.0.*,layer=..2", ["p0.l1.mlp_in.s17", "p0.l1.mlp_out.s18"]),
+    # a torch module has no file: `@file` selects nothing
+    ("*@modeling_llama.py", []),
 ])
 def test_captures_follow_the_filter(tiny_llama, tmp_path, capture, expected):
     _, events = traced(tiny_llama, tmp_path / "t.ndjson", capture=capture)
