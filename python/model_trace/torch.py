@@ -14,13 +14,13 @@ layer pattern and the stages' submodules (:class:`Architecture`).
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .filter import CaptureFilter, Tracepoint
 from .writer import TraceWriter, dtype_name
 
 
@@ -126,48 +126,6 @@ def first_tensor(value: Any) -> Any:
     return value
 
 
-class CaptureFilter:
-    """The Rust capture filter's syntax: ``[kind:]glob`` patterns and ``pass=``/``layer=`` ranges."""
-
-    def __init__(self, text: Optional[str]):
-        self.text = text or ""
-        self.patterns: List[Tuple[Optional[str], str]] = []
-        self.ranges: Dict[str, Tuple[int, int]] = {}
-        for item in (part.strip() for part in self.text.split(",")):
-            if not item:
-                continue
-            if item.startswith(("pass=", "layer=")):
-                key, value = item.split("=", 1)
-                self.ranges[key] = _range(value)
-            elif ":" in item and "::" not in item:
-                kind, glob = item.split(":", 1)
-                self.patterns.append((kind, glob))
-            else:
-                self.patterns.append((None, item))
-        if not self.patterns and self.ranges:
-            self.patterns.append((None, "*"))
-
-    def captures(self, kind: str, name: str, pass_index: Optional[int], layer: Optional[int]) -> bool:
-        if not self.patterns:
-            return False
-        for key, index in (("pass", pass_index), ("layer", layer)):
-            if key in self.ranges:
-                low, high = self.ranges[key]
-                if index is None or not low <= index <= high:
-                    return False
-        return any((k is None or k == kind) and fnmatch.fnmatchcase(name, glob) for k, glob in self.patterns)
-
-
-def _range(text: str) -> Tuple[int, int]:
-    if ".." not in text:
-        return int(text), int(text)
-    low, high = text.split("..", 1)
-    start = int(low) if low.strip() else 0
-    if high.startswith("="):
-        return start, int(high[1:])
-    return start, (int(high) - 1 if high.strip() else 1 << 62)
-
-
 @contextlib.contextmanager
 def trace(
     model: Any,
@@ -186,10 +144,17 @@ def trace(
 
     ``architecture``: detected from transformers' block classes (BERT, Llama) when not given.
     ``names``: ``"stages"`` records the stage vocabulary (``attn_out``, ...); ``"modules"``
-    records the modules' own names, for ``model-trace diff --map llama|bert``. ``capture``: the
-    Rust capture filter's syntax (``"*"``, ``"layer:*,pass=0"``): full tensors saved beside the
-    trace. Attention probabilities need ``attn_implementation="eager"``; with another
-    implementation the model returns none and none is recorded.
+    records the modules' own names, for ``model-trace diff --map llama|bert``. ``capture``: a
+    capture filter (:class:`model_trace.filter.CaptureFilter`, the Rust one's syntax: ``"*"``,
+    ``"layer:*,pass=0"``): full tensors saved beside the trace. A hooked module's tracepoint, as
+    the patterns see it: its kind; its name (a layer: the block's class, ``LlamaDecoderLayer``;
+    a stage: the stage's name; attention: the submodule's path in the block, ``self_attn``;
+    logits: the head's path, ``lm_head``); as its function, the module's path in
+    ``model.named_modules()`` (``model.layers.3.self_attn``) and as its module the model's class,
+    so that a ``::`` glob matches ``LlamaForCausalLM::model.layers.3.self_attn``; no file and
+    line 0, so ``@file`` patterns match none of them. Attention probabilities need
+    ``attn_implementation="eager"``; with another implementation the model returns none and none
+    is recorded.
     """
     architecture = architecture or detect(model)
     if names == "modules":
@@ -221,8 +186,9 @@ def trace(
     writer = TraceWriter(path, config=config, metadata=meta, tracepoints=tracepoints, capture=capture, digest=digest)
     handles: List[Any] = []
 
-    def wants(kind: str, name: str, layer: Optional[int]) -> bool:
-        return captures.captures(kind, name, writer.pass_index, layer)
+    def wants(kind: str, name: str, function: str, layer: Optional[int]) -> bool:
+        tracepoint = Tracepoint(kind, name, function=function, module=type(model).__name__)
+        return captures.captures(tracepoint, writer.pass_index, layer)
 
     def top_pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         writer.begin_pass(position=_position(args, kwargs), function=type(model).__name__)
@@ -243,7 +209,7 @@ def trace(
                 if values.ndim == 3:
                     values = values[:, -1, :]  # the next-token logits, as the Rust examples record them
                 writer.logits(values, final_layer, architecture.logits, architecture.logits,
-                              wants("logits", architecture.logits, final_layer), dtype=dtype)
+                              wants("logits", architecture.logits, architecture.logits, final_layer), dtype=dtype)
 
             handles.append(head.register_forward_hook(on_logits))
     try:
@@ -275,48 +241,52 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
         hidden = args[0] if args else kwargs.get("hidden_states")
         if hidden is not None:
             values, dtype = to_numpy(hidden)
-            writer.stage("input", values, wants("layer", layer_name, index), dtype)
+            writer.stage("input", values, wants("layer", layer_name, path, index), dtype)
 
     def post(_module: Any, _args: Any, output: Any) -> None:
         values, dtype = to_numpy(first_tensor(output))
-        writer.stage("output", values, wants("layer", layer_name, index), dtype)
+        writer.stage("output", values, wants("layer", layer_name, path, index), dtype)
         writer.end_layer()
 
     handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
     # The probabilities before the stages: a hook on the same module (Llama's self_attn gives
     # both) must record them first, as they were computed first.
     if record_attention and architecture.attention is not None:
-        sub, position = architecture.attention
-        module = modules.get(sub)
+        # Names of their own: the stages' loop below rebinds `sub`, which the hook would see.
+        attention_sub, position = architecture.attention
+        attention_path = f"{path}.{attention_sub}"
+        module = modules.get(attention_sub)
         if module is not None:
             def on_attention(_module: Any, _args: Any, output: Any) -> None:
                 probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
                 if probs is not None:
                     values, dtype = to_numpy(probs)
-                    writer.attention(values, index, sub, f"{path}.{sub}", wants("attention", sub, index), dtype=dtype)
+                    writer.attention(values, index, attention_sub, attention_path,
+                                     wants("attention", attention_sub, attention_path, index), dtype=dtype)
 
             handles.append(module.register_forward_hook(on_attention))
     for stage, (sub, which) in architecture.stages.items():
         module = modules.get(sub)
         if module is None:
             raise ValueError(f"model_trace.torch: {path} has no submodule {sub!r} (stage {stage!r})")
-        handles.append(_stage_hook(writer, module, stage, which, index, wants))
+        handles.append(_stage_hook(writer, module, stage, which, index, f"{path}.{sub}", wants))
     handles.append(block.register_forward_hook(post))
     return handles
 
 
-def _stage_hook(writer: TraceWriter, module: Any, stage: str, which: str, index: int, wants: Any) -> Any:
+def _stage_hook(writer: TraceWriter, module: Any, stage: str, which: str, index: int, path: str,
+                wants: Any) -> Any:
     if which == "input":
         def on_input(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
             hidden = args[0] if args else kwargs.get("hidden_states")
             if hidden is not None:
                 values, dtype = to_numpy(hidden)
-                writer.stage(stage, values, wants("tensor", stage, index), dtype)
+                writer.stage(stage, values, wants("tensor", stage, path, index), dtype)
 
         return module.register_forward_pre_hook(on_input, with_kwargs=True)
 
     def on_output(_module: Any, _args: Any, output: Any) -> None:
         values, dtype = to_numpy(first_tensor(output))
-        writer.stage(stage, values, wants("tensor", stage, index), dtype)
+        writer.stage(stage, values, wants("tensor", stage, path, index), dtype)
 
     return module.register_forward_hook(on_output)

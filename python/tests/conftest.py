@@ -18,3 +18,17 @@ def run_example(package: str, args, cwd: Path) -> subprocess.CompletedProcess:
     if result.returncode != 0:
         pytest.fail(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+@pytest.fixture(scope="session")
+def smollm_trace(tmp_path_factory):
+    """A trace of the SmolLM2 example at the full level, 3 passes, with the tensors of layers 0
+    to 3 captured (shared by the tests that read a Rust trace)."""
+    out = tmp_path_factory.mktemp("smollm") / "smollm.ndjson"
+    run_example(
+        "smollm",
+        ["--max-tokens", "3", "--trace-out", str(out), "--capture", "layer:*,tensor:*,attention:*,logits:*,pass=0..2,layer=0..3",
+         "The capital of France is"],
+        cwd=out.parent,
+    )
+    return out

@@ -16,18 +16,6 @@ from conftest import run_example
 
 
 @pytest.fixture(scope="module")
-def smollm_trace(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm") / "smollm.ndjson"
-    run_example(
-        "smollm",
-        ["--max-tokens", "3", "--trace-out", str(out), "--capture", "layer:*,tensor:*,attention:*,logits:*,pass=0..2,layer=0..3",
-         "The capital of France is"],
-        cwd=out.parent,
-    )
-    return out
-
-
-@pytest.fixture(scope="module")
 def minilm_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("minilm") / "minilm.ndjson"
     run_example("minilm", ["--trace-out", str(out), "--capture", "*", "This is an example sentence"], cwd=out.parent)
