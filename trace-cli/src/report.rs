@@ -6,7 +6,8 @@
 
 mod collect;
 
-use std::path::{Path, PathBuf};
+use std::io::Write as _;
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -83,7 +84,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
         data.diff = Some(diff_data(reference, &diffed, args.pass));
     }
     let html = page(&data)?;
-    write_atomically(&output, html.as_bytes())?;
+    crate::output::write_file(&output, |out| out.write_all(html.as_bytes()))?;
     let mut said = format!(
         "wrote {} ({}): {} passes, {} layers",
         output.display(),
@@ -178,16 +179,4 @@ fn escape_html(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
-}
-
-/// Writes to `path.partial` then renames, so that a failure leaves no half page.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), InputError> {
-    let mut partial: PathBuf = path.to_path_buf();
-    partial.as_mut_os_string().push(".partial");
-    std::fs::write(&partial, bytes)
-        .and_then(|()| std::fs::rename(&partial, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&partial);
-            format!("writing {}: {e}", path.display())
-        })
 }
