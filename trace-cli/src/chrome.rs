@@ -47,7 +47,7 @@ use serde::Serialize;
 use trace_runtime::{Anomaly, Event, LayerEvent, RunMetadata, TensorStats, TraceHeader};
 
 use crate::load::{self, InputError};
-use crate::Outcome;
+use crate::outcome::Outcome;
 use event::{AnomalyArgs, Args, CounterValue, Float, LayerArgs, PassArgs, Phase, TraceEvent};
 use nest::Span;
 

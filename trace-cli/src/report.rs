@@ -11,10 +11,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::diff::Diffed;
+use crate::args::ReportArgs;
+use crate::compared::Diffed;
 use crate::load::{self, InputError};
+use crate::outcome::Outcome;
 use crate::style::Colors;
-use crate::{Outcome, ReportArgs};
 
 const PAGE: &str = include_str!("report/page.html");
 const CSS: &str = include_str!("report/page.css");
@@ -77,8 +78,8 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     );
     let mut outcome = Outcome::Ok;
     if let Some(reference) = &args.against {
-        let diffed = Diffed::read(reference, &args.file, &args.compare)?;
-        if diffed.comparison.first_divergence().is_some() {
+        let diffed = Diffed::read(reference, &args.file, args.compare.options()?)?;
+        if diffed.diverged() {
             outcome = Outcome::Diverged;
         }
         data.diff = Some(diff_data(reference, &diffed, args.pass));
