@@ -7,8 +7,10 @@ use std::path::Path;
 
 use serde::Serialize;
 use trace_runtime::compare::{
-    compare, CompareOptions, Comparison, TensorComparison, TraceTensors, Unmatched, Verdict,
+    compare, CompareOptions, Comparison, TensorComparison, TraceTensors, TracedTensor, Unmatched,
+    Verdict,
 };
+use trace_runtime::{read_capture, CaptureError};
 
 use crate::load::{self, InputError};
 use crate::style::Colors;
@@ -24,7 +26,8 @@ pub(crate) struct Diffed {
 }
 
 impl Diffed {
-    /// Reads both files (one per core) and compares them.
+    /// Reads both files (one per core) and compares them, reading captured tensors where
+    /// `options` says to.
     pub(crate) fn read(
         reference: &Path,
         other: &Path,
@@ -46,7 +49,7 @@ impl Diffed {
                 reference.display()
             ));
         }
-        let comparison = compare(&ref_tensors, &other_tensors, &options);
+        let comparison = compare(&ref_tensors, &other_tensors, &options, captured);
         if comparison.pairs.is_empty() {
             return Err(format!(
                 "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
@@ -81,6 +84,13 @@ impl Diffed {
     pub(crate) fn diverged(&self) -> bool {
         self.comparison.first_divergence().is_some()
     }
+}
+
+/// The values of a captured tensor of a trace on disk, read from beside the trace.
+fn captured(trace: &TraceTensors, tensor: &TracedTensor) -> Option<Result<Vec<f32>, CaptureError>> {
+    let capture = tensor.tensor.capture.as_ref()?;
+    let path = trace.path.as_ref()?;
+    Some(read_capture(path, capture).map(|(_, values)| values))
 }
 
 /// The tensors of a file, each event reduced to them as it is read.
