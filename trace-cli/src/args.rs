@@ -1,10 +1,13 @@
 //! The command line: each subcommand's arguments as clap parses them, and the comparison
 //! options they stand for (`diff`, `report --against`).
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use trace_runtime::compare::{CompareOptions, ErrorStat, NameMap};
+use clap::builder::{PossibleValue, TypedValueParser};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
+use trace_runtime::compare::{CompareOptions, ErrorStat, NameMap, DEFAULT_ERROR_QUANTILE};
 
 use crate::load::InputError;
 
@@ -124,10 +127,14 @@ pub(crate) struct CompareArgs {
     rtol: Vec<String>,
     /// Which statistic of the error decides (for captured tensors; summaries are checked
     /// against the bounds it implies).
-    #[arg(long, value_enum, default_value_t = StatChoice::Elementwise)]
-    check_error_stat: StatChoice,
+    #[arg(
+        long,
+        value_parser = ErrorStatArgument,
+        default_value = ErrorStat::default().name()
+    )]
+    check_error_stat: ErrorStat,
     /// The quantile for `--check-error-stat quantile`.
-    #[arg(long, default_value_t = 0.99)]
+    #[arg(long, default_value_t = DEFAULT_ERROR_QUANTILE)]
     error_quantile: f64,
     /// Rename tensors before matching: a preset (`llama`, `bert`: transformers' module names as
     /// the Python package records them with names="modules" or as converted debugger traces
@@ -137,21 +144,6 @@ pub(crate) struct CompareArgs {
     /// Compare summaries even where both tensors were captured in full.
     #[arg(long)]
     summaries_only: bool,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum StatChoice {
-    /// Every element within atol + rtol·|a| (the default).
-    Elementwise,
-    /// The mean of the elements' error over their allowance.
-    Mean,
-    /// Its median.
-    Median,
-    /// Its --error-quantile.
-    Quantile,
-    /// The whole tensor: ‖b − a‖ ≤ √n·atol + rtol·‖a‖ (RMS error against the reference's RMS,
-    /// as NMSE checks judge quantized ports).
-    Norm,
 }
 
 impl CompareArgs {
@@ -174,11 +166,7 @@ impl CompareArgs {
                 .map_err(|e| e.to_string())?;
         }
         options.tolerances.error_stat = match self.check_error_stat {
-            StatChoice::Elementwise => ErrorStat::Elementwise,
-            StatChoice::Mean => ErrorStat::Mean,
-            StatChoice::Median => ErrorStat::Median,
-            StatChoice::Norm => ErrorStat::Norm,
-            StatChoice::Quantile => {
+            ErrorStat::Quantile(_) => {
                 if !(0.0..=1.0).contains(&self.error_quantile) {
                     return Err(format!(
                         "--error-quantile must be in [0, 1], not {}",
@@ -187,6 +175,7 @@ impl CompareArgs {
                 }
                 ErrorStat::Quantile(self.error_quantile)
             }
+            stat => stat,
         };
         let mut names = NameMap::identity();
         for map in &self.map {
@@ -206,5 +195,41 @@ impl CompareArgs {
         }
         options.names = names;
         Ok(options)
+    }
+}
+
+/// `--check-error-stat STAT`: the names, for parsing, `--help` and completions, are
+/// [`ErrorStat::ALL`]'s.
+#[derive(Debug, Clone, Copy)]
+struct ErrorStatArgument;
+
+impl TypedValueParser for ErrorStatArgument {
+    type Value = ErrorStat;
+
+    fn parse_ref(
+        &self,
+        cmd: &ClapCommand,
+        arg: Option<&Arg>,
+        value: &OsStr,
+    ) -> Result<ErrorStat, clap::Error> {
+        let text = value.to_string_lossy();
+        text.parse().map_err(|_| {
+            let mut error = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
+            let arg = arg.map_or_else(|| "--check-error-stat".to_owned(), ToString::to_string);
+            let names = ErrorStat::ALL.iter().map(|s| s.name().to_owned()).collect();
+            error.insert(ContextKind::InvalidArg, ContextValue::String(arg));
+            error.insert(
+                ContextKind::InvalidValue,
+                ContextValue::String(text.into_owned()),
+            );
+            error.insert(ContextKind::ValidValue, ContextValue::Strings(names));
+            error
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(ErrorStat::ALL.into_iter().map(|stat| {
+            PossibleValue::new(stat.name()).help(stat.description())
+        })))
     }
 }

@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use names::{full_name, split_full_name, NameMap, NameMapError};
-pub use tolerance::{ErrorStat, Tolerance, ToleranceError, Tolerances, DEFAULT_ATOL, DEFAULT_RTOL};
+pub use tolerance::{
+    ErrorStat, Tolerance, ToleranceError, Tolerances, DEFAULT_ATOL, DEFAULT_ERROR_QUANTILE,
+    DEFAULT_RTOL,
+};
 
 use crate::record::{Event, TraceHeader};
 use crate::summary::TensorSummary;

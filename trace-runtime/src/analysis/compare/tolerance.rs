@@ -4,6 +4,7 @@
 //! full tensors are compared.
 
 use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +14,8 @@ use crate::session::glob_match;
 pub const DEFAULT_ATOL: f64 = 1e-5;
 /// Polygraphy's default relative tolerance (for FP32 comparisons).
 pub const DEFAULT_RTOL: f64 = 1e-5;
+/// The quantile of [`ErrorStat::Quantile`] where none is given (Polygraphy's default).
+pub const DEFAULT_ERROR_QUANTILE: f64 = 0.99;
 
 /// Absolute and relative tolerance of one tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -56,15 +59,69 @@ pub enum ErrorStat {
     Norm,
 }
 
+impl ErrorStat {
+    /// Every statistic, [`Quantile`](Self::Quantile) with [`DEFAULT_ERROR_QUANTILE`]: what
+    /// [`name`](Self::name), [`description`](Self::description) and parsing go through.
+    pub const ALL: [Self; 5] = [
+        Self::Elementwise,
+        Self::Mean,
+        Self::Median,
+        Self::Quantile(DEFAULT_ERROR_QUANTILE),
+        Self::Norm,
+    ];
+
+    /// Its name, as [`FromStr`] reads it: `elementwise`, `mean`, `median`, `quantile` (whatever
+    /// the quantile), `norm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Elementwise => "elementwise",
+            Self::Mean => "mean",
+            Self::Median => "median",
+            Self::Quantile(_) => "quantile",
+            Self::Norm => "norm",
+        }
+    }
+
+    /// What decides, in one line (for a command's help).
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::Elementwise => "Every element within atol + rtol·|a| (the default)",
+            Self::Mean => "The mean of the elements' error over their allowance",
+            Self::Median => "Its median",
+            Self::Quantile(_) => "Its q-quantile",
+            Self::Norm => {
+                "The whole tensor: ‖b − a‖ ≤ √n·atol + rtol·‖a‖ (RMS error against the \
+                 reference's RMS, as NMSE checks judge quantized ports)"
+            }
+        }
+    }
+}
+
+/// The name, and for a quantile `quantile q` (`quantile 0.99`).
 impl fmt::Display for ErrorStat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Elementwise => f.write_str("elementwise"),
-            Self::Mean => f.write_str("mean"),
-            Self::Median => f.write_str("median"),
-            Self::Quantile(q) => write!(f, "quantile {q}"),
-            Self::Norm => f.write_str("norm"),
+            Self::Quantile(q) => write!(f, "{} {q}", self.name()),
+            _ => f.write_str(self.name()),
         }
+    }
+}
+
+/// A [`name`](ErrorStat::name); `quantile` is the [`DEFAULT_ERROR_QUANTILE`].
+impl FromStr for ErrorStat {
+    type Err = ToleranceError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|stat| stat.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|stat| stat.name()).collect();
+                ToleranceError(format!(
+                    "{name:?} is not an error statistic ({})",
+                    names.join(", ")
+                ))
+            })
     }
 }
 
@@ -181,5 +238,18 @@ mod tests {
         for bad in ["x", "-1", "inf", ":1", "layer:nan"] {
             assert!(tolerances.add_atol(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn error_stats_have_one_name_each() {
+        for stat in ErrorStat::ALL {
+            assert_eq!(stat.name().parse::<ErrorStat>(), Ok(stat));
+        }
+        assert_eq!(
+            ErrorStat::Quantile(0.5).to_string(),
+            "quantile 0.5",
+            "Display keeps the quantile"
+        );
+        assert!("quantiles".parse::<ErrorStat>().is_err());
     }
 }
