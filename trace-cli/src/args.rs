@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
-use trace_runtime::compare::{CompareOptions, ErrorStat, NameMap, DEFAULT_ERROR_QUANTILE};
+use trace_runtime::compare::{
+    CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
+};
 
 use crate::load::InputError;
 
@@ -119,20 +121,23 @@ pub(crate) struct ReportArgs {
 pub(crate) struct CompareArgs {
     /// Absolute tolerance, `VALUE` or `NAME:VALUE` for the tensors whose full name
     /// (`layer.3.mlp_out`, `layer.30.logits`) matches the glob NAME; repeatable, the last
-    /// matching override wins. Default 1e-5.
+    /// matching override wins; an override that matches no tensor of either trace is a
+    /// warning. Default 1e-5.
     #[arg(long, value_name = "[NAME:]VALUE")]
     atol: Vec<String>,
     /// Relative tolerance (times the reference's magnitude), like --atol. Default 1e-5.
     #[arg(long, value_name = "[NAME:]VALUE")]
     rtol: Vec<String>,
     /// Which statistic of the error decides (for captured tensors; summaries are checked
-    /// against the bounds it implies).
+    /// against the bounds it implies): `STAT`, or `NAME:STAT` for the tensors whose full name
+    /// matches the glob NAME, like --atol.
     #[arg(
         long,
+        value_name = "[NAME:]STAT",
         value_parser = ErrorStatArgument,
         default_value = ErrorStat::default().name()
     )]
-    check_error_stat: ErrorStat,
+    check_error_stat: Vec<String>,
     /// The quantile for `--check-error-stat quantile`.
     #[arg(long, default_value_t = DEFAULT_ERROR_QUANTILE)]
     error_quantile: f64,
@@ -165,18 +170,13 @@ impl CompareArgs {
                 .add_rtol(rtol)
                 .map_err(|e| e.to_string())?;
         }
-        options.tolerances.error_stat = match self.check_error_stat {
-            ErrorStat::Quantile(_) => {
-                if !(0.0..=1.0).contains(&self.error_quantile) {
-                    return Err(format!(
-                        "--error-quantile must be in [0, 1], not {}",
-                        self.error_quantile
-                    ));
-                }
-                ErrorStat::Quantile(self.error_quantile)
-            }
-            stat => stat,
-        };
+        for stat in &self.check_error_stat {
+            options
+                .tolerances
+                .add_error_stat(stat)
+                .map_err(|e| e.to_string())?;
+        }
+        self.set_quantile(&mut options.tolerances)?;
         let mut names = NameMap::identity();
         for map in &self.map {
             let rules = match NameMap::preset(map) {
@@ -196,24 +196,43 @@ impl CompareArgs {
         options.names = names;
         Ok(options)
     }
+
+    /// Gives every `quantile` statistic, the default's and the overrides', `--error-quantile`.
+    fn set_quantile(&self, tolerances: &mut Tolerances) -> Result<(), InputError> {
+        let overrides = tolerances.error_stat_overrides.iter_mut();
+        let stats = std::iter::once(&mut tolerances.error_stat).chain(overrides.map(|(_, s)| s));
+        for stat in stats {
+            if let ErrorStat::Quantile(q) = stat {
+                if !(0.0..=1.0).contains(&self.error_quantile) {
+                    return Err(format!(
+                        "--error-quantile must be in [0, 1], not {}",
+                        self.error_quantile
+                    ));
+                }
+                *q = self.error_quantile;
+            }
+        }
+        Ok(())
+    }
 }
 
-/// `--check-error-stat STAT`: the names, for parsing, `--help` and completions, are
-/// [`ErrorStat::ALL`]'s.
+/// `--check-error-stat [NAME:]STAT`, checked as [`Tolerances::add_error_stat`] reads it; the
+/// statistics, for `--help` and completions, are [`ErrorStat::ALL`]'s.
 #[derive(Debug, Clone, Copy)]
 struct ErrorStatArgument;
 
 impl TypedValueParser for ErrorStatArgument {
-    type Value = ErrorStat;
+    type Value = String;
 
     fn parse_ref(
         &self,
         cmd: &ClapCommand,
         arg: Option<&Arg>,
         value: &OsStr,
-    ) -> Result<ErrorStat, clap::Error> {
+    ) -> Result<String, clap::Error> {
         let text = value.to_string_lossy();
-        text.parse().map_err(|_| {
+        let checked = Tolerances::default().add_error_stat(&text);
+        checked.map(|()| text.clone().into_owned()).map_err(|_| {
             let mut error = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
             let arg = arg.map_or_else(|| "--check-error-stat".to_owned(), ToString::to_string);
             let names = ErrorStat::ALL.iter().map(|s| s.name().to_owned()).collect();

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde::Serialize;
 use trace_runtime::compare::{
-    compare, CompareOptions, Comparison, TensorComparison, TraceTensors, TracedTensor, Unmatched,
-    Verdict,
+    compare, CompareOptions, Comparison, ErrorStat, TensorComparison, TraceTensors, TracedTensor,
+    Unmatched, Verdict,
 };
 use trace_runtime::{read_capture, CaptureError};
 
@@ -84,6 +84,14 @@ impl Diffed {
     pub(crate) fn diverged(&self) -> bool {
         self.comparison.first_divergence().is_some()
     }
+
+    /// Says on stderr which per-name overrides matched no tensor (the JSON output has them
+    /// among its `warnings`).
+    pub(crate) fn warn_unused_overrides(&self) {
+        for unused in &self.comparison.unused_overrides {
+            eprintln!("model-trace: warning: {unused}");
+        }
+    }
 }
 
 /// The values of a captured tensor of a trace on disk, read from beside the trace.
@@ -123,7 +131,12 @@ pub(crate) struct Report<'a> {
     pub(crate) passes: Vec<PassRow>,
     missing: &'a [Unmatched],
     extra: &'a [Unmatched],
+    /// Captures that could not be read, then per-name overrides that matched no tensor.
     warnings: Vec<String>,
+    /// How many of `warnings` are about captures: the text shows those (the others go to
+    /// stderr).
+    #[serde(skip)]
+    capture_warnings: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -230,7 +243,10 @@ impl<'a> Report<'a> {
             passes: passes.into_values().collect(),
             missing: &comparison.missing,
             extra: &comparison.extra,
-            warnings: comparison.warnings.clone(),
+            warnings: (comparison.warnings.iter().cloned())
+                .chain(comparison.unused_overrides.iter().map(ToString::to_string))
+                .collect(),
+            capture_warnings: comparison.warnings.len(),
         }
     }
 
@@ -264,14 +280,20 @@ impl<'a> Report<'a> {
                 .iter()
                 .map(|(n, v)| format!("rtol {v:e} for {n}")),
         );
+        let stat_overrides: Vec<String> = t
+            .error_stat_overrides
+            .iter()
+            .map(|(n, stat)| format!("{stat} for {n}"))
+            .collect();
         let _ = writeln!(
             out,
-            "{} atol {:e}, rtol {:e}{}; {} criterion",
+            "{} atol {:e}, rtol {:e}{}; {} criterion{}",
             colors.bold("tolerance:"),
             t.default.atol,
             t.default.rtol,
             parenthesized(&overrides),
-            t.error_stat
+            t.error_stat,
+            parenthesized(&stat_overrides)
         );
         for (label, info) in [("reference", &self.reference), ("other", &self.other)] {
             if let Some(cut) = &info.cut_short {
@@ -299,7 +321,7 @@ impl<'a> Report<'a> {
         );
         unmatched(&mut out, colors, "only in the reference", self.missing);
         unmatched(&mut out, colors, "only in the other", self.extra);
-        for warning in &self.warnings {
+        for warning in &self.warnings[..self.capture_warnings] {
             let _ = writeln!(out, "{}", colors.warn(&format!("warning: {warning}")));
         }
         let _ = writeln!(out);
@@ -311,7 +333,7 @@ impl<'a> Report<'a> {
                     colors.good("no divergence: every matched tensor is within tolerance")
                 );
             }
-            Some(d) => describe(&mut out, colors, d),
+            Some(d) => describe(&mut out, colors, d, self.tolerance.error_stat),
         }
         let _ = writeln!(out);
         self.layer_table(&mut out, colors);
@@ -372,7 +394,9 @@ fn parenthesized(items: &[String]) -> String {
     }
 }
 
-fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>) {
+/// The first divergence; `error_stat` is the default criterion (a tensor judged by another
+/// says so).
+fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: ErrorStat) {
     let p = d.detail;
     let _ = writeln!(
         out,
@@ -393,10 +417,15 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>) {
     }
     let _ = writeln!(
         out,
-        "  shape {:?}; tolerance atol {:e}, rtol {:e}; compared {}",
+        "  shape {:?}; tolerance atol {:e}, rtol {:e}{}; compared {}",
         p.shapes.0,
         p.tolerance.atol,
         p.tolerance.rtol,
+        if p.error_stat == error_stat {
+            String::new()
+        } else {
+            format!(", {} criterion", p.error_stat)
+        },
         if p.method == "elementwise" {
             "value by value (both captured)"
         } else {

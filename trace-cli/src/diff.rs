@@ -12,6 +12,7 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
     if args.json {
         crate::output::emit_json(&report)?;
     } else {
+        diffed.warn_unused_overrides();
         crate::output::emit(&report.text(colors))?;
     }
     Ok(if diffed.diverged() {

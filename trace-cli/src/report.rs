@@ -79,6 +79,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     let mut outcome = Outcome::Ok;
     if let Some(reference) = &args.against {
         let diffed = Diffed::read(reference, &args.file, args.compare.options()?)?;
+        diffed.warn_unused_overrides();
         if diffed.diverged() {
             outcome = Outcome::Diverged;
         }

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 pub use names::{full_name, split_full_name, NameMap, NameMapError};
 pub use tolerance::{
-    ErrorStat, Tolerance, ToleranceError, Tolerances, DEFAULT_ATOL, DEFAULT_ERROR_QUANTILE,
-    DEFAULT_RTOL,
+    ErrorStat, Overridden, Tolerance, ToleranceError, Tolerances, UnusedOverride, DEFAULT_ATOL,
+    DEFAULT_ERROR_QUANTILE, DEFAULT_RTOL,
 };
 
 use crate::record::{Event, TraceHeader};
@@ -250,6 +250,10 @@ pub struct TensorComparison {
     pub shapes: (Vec<usize>, Vec<usize>),
     /// The tolerance applied.
     pub tolerance: Tolerance,
+    /// The error statistic applied (for captured tensors; summaries are checked against the
+    /// bounds it implies).
+    #[serde(default)]
+    pub error_stat: ErrorStat,
     /// What decided: `elementwise` (captures) or `summary`.
     pub method: String,
     /// The verdict.
@@ -301,6 +305,9 @@ pub struct Comparison {
     pub extra: Vec<Unmatched>,
     /// Problems reading captures (the pair then was compared by its summaries).
     pub warnings: Vec<String>,
+    /// Per-name overrides of the tolerances that matched no tensor of either trace.
+    #[serde(default)]
+    pub unused_overrides: Vec<UnusedOverride>,
 }
 
 impl Comparison {
@@ -366,7 +373,7 @@ pub fn compare<E: fmt::Display>(
             reference: (reference, tensor),
             other: (other, matched),
             tolerance: options.tolerances.for_name(&name),
-            error_stat: options.tolerances.error_stat,
+            error_stat: options.tolerances.error_stat_for(&name),
         };
         let loader = options.use_captures.then_some(&mut captures);
         let compared = pair.compare(loader, &mut comparison.warnings);
@@ -389,6 +396,11 @@ pub fn compare<E: fmt::Display>(
         }
     }
     comparison.extra.dedup();
+    let names = (reference.tensors.iter()).chain(&other.tensors).map(|t| {
+        let (_, layer, name) = key(t);
+        full_name(layer, &name)
+    });
+    comparison.unused_overrides = options.tolerances.unused_overrides(names);
     comparison
 }
 
@@ -418,6 +430,7 @@ impl Pair<'_> {
             seq: self.reference.1.seq,
             shapes: (a.shape.clone(), b.shape.clone()),
             tolerance: self.tolerance,
+            error_stat: self.error_stat,
             method: "summary".to_owned(),
             verdict: Verdict::Close,
             checks: Vec::new(),

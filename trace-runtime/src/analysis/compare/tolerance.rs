@@ -1,7 +1,7 @@
 //! How close is close: `atol` and `rtol` as in `torch.testing.assert_close` (an element `b` of
 //! the compared tensor is close to the reference's `a` when `|b − a| ≤ atol + rtol·|a|`), a
 //! default and per-name overrides as in Polygraphy, and which error statistic decides when
-//! full tensors are compared.
+//! full tensors are compared (also a default and per-name overrides).
 
 use std::fmt;
 use std::str::FromStr;
@@ -126,7 +126,7 @@ impl FromStr for ErrorStat {
 }
 
 /// A default tolerance and overrides by name (globs over full names such as `layer.*.mlp_out`;
-/// the last override that matches wins), for `atol` and `rtol` separately.
+/// the last override that matches wins), for `atol`, `rtol` and the error statistic separately.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Tolerances {
     /// For every tensor no override matches.
@@ -137,6 +137,9 @@ pub struct Tolerances {
     pub rtol_overrides: Vec<(String, f64)>,
     /// The statistic that decides for captured tensors.
     pub error_stat: ErrorStat,
+    /// `(glob, statistic)` overrides of `error_stat`.
+    #[serde(default)]
+    pub error_stat_overrides: Vec<(String, ErrorStat)>,
 }
 
 /// A tolerance argument that does not parse.
@@ -171,6 +174,71 @@ impl Tolerances {
         Ok(())
     }
 
+    /// Adds `--check-error-stat [NAME:]STAT`, STAT an [`ErrorStat`] name (split on the last
+    /// `:` as the tolerances are; no name sets the default).
+    pub fn add_error_stat(&mut self, argument: &str) -> Result<(), ToleranceError> {
+        let (name, stat) = split_argument(argument, "check-error-stat")?;
+        let stat: ErrorStat = stat.parse().map_err(|ToleranceError(why)| {
+            ToleranceError(format!(
+                "--check-error-stat takes [NAME:]STAT: {why}, in {argument:?}"
+            ))
+        })?;
+        match name {
+            None => self.error_stat = stat,
+            Some(name) => self.error_stat_overrides.push((name, stat)),
+        }
+        Ok(())
+    }
+
+    /// The error statistic of the tensor with full name `name`.
+    pub fn error_stat_for(&self, name: &str) -> ErrorStat {
+        self.error_stat_overrides
+            .iter()
+            .rev()
+            .find(|(glob, _)| glob_match(glob, name))
+            .map_or(self.error_stat, |(_, stat)| *stat)
+    }
+
+    /// The overrides whose glob matches none of `names` (full names such as `layer.3.mlp_out`),
+    /// in the order they were added: an override that changes nothing is a mistake (a
+    /// misspelt name) the user should hear about.
+    pub fn unused_overrides(
+        &self,
+        names: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Vec<UnusedOverride> {
+        let globs: Vec<(Overridden, &str)> = (self.atol_overrides.iter())
+            .map(|(glob, _)| (Overridden::Atol, glob.as_str()))
+            .chain(
+                self.rtol_overrides
+                    .iter()
+                    .map(|(glob, _)| (Overridden::Rtol, glob.as_str())),
+            )
+            .chain(
+                self.error_stat_overrides
+                    .iter()
+                    .map(|(glob, _)| (Overridden::ErrorStat, glob.as_str())),
+            )
+            .collect();
+        if globs.is_empty() {
+            return Vec::new();
+        }
+        let mut used = vec![false; globs.len()];
+        for name in names {
+            for (used, (_, glob)) in used.iter_mut().zip(&globs) {
+                *used = *used || glob_match(glob, name.as_ref());
+            }
+        }
+        globs
+            .into_iter()
+            .zip(used)
+            .filter(|&(_, used)| !used)
+            .map(|((setting, glob), _)| UnusedOverride {
+                setting,
+                glob: glob.to_owned(),
+            })
+            .collect()
+    }
+
     /// The tolerance of the tensor with full name `name`.
     pub fn for_name(&self, name: &str) -> Tolerance {
         let pick = |overrides: &[(String, f64)], default: f64| {
@@ -187,11 +255,69 @@ impl Tolerances {
     }
 }
 
-fn parse_argument(argument: &str, what: &str) -> Result<(Option<String>, f64), ToleranceError> {
+/// What a per-name override sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overridden {
+    /// The absolute tolerance (`--atol NAME:VALUE`).
+    Atol,
+    /// The relative tolerance (`--rtol NAME:VALUE`).
+    Rtol,
+    /// The error statistic (`--check-error-stat NAME:STAT`).
+    ErrorStat,
+}
+
+impl Overridden {
+    /// The command-line option that sets it.
+    pub fn option(self) -> &'static str {
+        match self {
+            Self::Atol => "--atol",
+            Self::Rtol => "--rtol",
+            Self::ErrorStat => "--check-error-stat",
+        }
+    }
+}
+
+/// A per-name override whose glob matched no tensor of either trace
+/// ([`Tolerances::unused_overrides`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnusedOverride {
+    /// What it sets.
+    pub setting: Overridden,
+    /// Its glob.
+    pub glob: String,
+}
+
+impl fmt::Display for UnusedOverride {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}:... matches no tensor of either trace (full names such as layer.3.mlp_out)",
+            self.setting.option(),
+            self.glob
+        )
+    }
+}
+
+/// `[NAME:]VALUE` split on the last `:`, both trimmed; an empty name is an error.
+fn split_argument<'a>(
+    argument: &'a str,
+    what: &str,
+) -> Result<(Option<String>, &'a str), ToleranceError> {
     let (name, value) = match argument.rsplit_once(':') {
         Some((name, value)) => (Some(name.trim().to_owned()), value.trim()),
         None => (None, argument.trim()),
     };
+    if name.as_deref() == Some("") {
+        return Err(ToleranceError(format!(
+            "--{what}: an empty name in {argument:?}"
+        )));
+    }
+    Ok((name, value))
+}
+
+fn parse_argument(argument: &str, what: &str) -> Result<(Option<String>, f64), ToleranceError> {
+    let (name, value) = split_argument(argument, what)?;
     let value: f64 = value.parse().map_err(|_| {
         ToleranceError(format!(
             "--{what} takes [NAME:]VALUE with a number VALUE, not {argument:?}"
@@ -200,11 +326,6 @@ fn parse_argument(argument: &str, what: &str) -> Result<(Option<String>, f64), T
     if !(value >= 0.0 && value.is_finite()) {
         return Err(ToleranceError(format!(
             "--{what} must be a finite number ≥ 0, not {argument:?}"
-        )));
-    }
-    if name.as_deref() == Some("") {
-        return Err(ToleranceError(format!(
-            "--{what}: an empty name in {argument:?}"
         )));
     }
     Ok((name, value))
@@ -251,5 +372,56 @@ mod tests {
             "Display keeps the quantile"
         );
         assert!("quantiles".parse::<ErrorStat>().is_err());
+    }
+
+    #[test]
+    fn per_name_error_stats() {
+        let mut tolerances = Tolerances::default();
+        tolerances.add_error_stat("norm").unwrap();
+        tolerances
+            .add_error_stat("layer.*.attention:median")
+            .unwrap();
+        tolerances.add_error_stat("layer.1?.*:elementwise").unwrap();
+        assert_eq!(
+            tolerances.error_stat_for("layer.3.mlp_out"),
+            ErrorStat::Norm
+        );
+        assert_eq!(
+            tolerances.error_stat_for("layer.3.attention"),
+            ErrorStat::Median
+        );
+        assert_eq!(
+            tolerances.error_stat_for("layer.12.attention"),
+            ErrorStat::Elementwise,
+            "the last override that matches wins"
+        );
+        for bad in ["worst", "layer.1.*:", ":mean", "layer.1.*:0.5"] {
+            assert!(tolerances.add_error_stat(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn overrides_that_match_nothing_are_listed() {
+        let mut tolerances = Tolerances::default();
+        tolerances.add_atol("1e-3").unwrap();
+        tolerances.add_atol("layer.*.mlp_out:1e-2").unwrap();
+        tolerances.add_rtol("layer.9.*:0.5").unwrap();
+        tolerances.add_error_stat("layer.*.atention:mean").unwrap();
+        let names = ["layer.0.mlp_out", "layer.0.attention", "layer.1.output"];
+        let unused = tolerances.unused_overrides(names);
+        assert_eq!(
+            unused,
+            [
+                UnusedOverride {
+                    setting: Overridden::Rtol,
+                    glob: "layer.9.*".to_owned()
+                },
+                UnusedOverride {
+                    setting: Overridden::ErrorStat,
+                    glob: "layer.*.atention".to_owned()
+                }
+            ]
+        );
+        assert!(unused[0].to_string().starts_with("--rtol layer.9.*:"));
     }
 }
