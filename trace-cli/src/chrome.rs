@@ -40,15 +40,14 @@ mod nest;
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use trace_runtime::{Anomaly, Event, LayerEvent, RunMetadata, TensorStats, TraceHeader};
 
 use crate::load::{self, InputError};
-use crate::Outcome;
+use crate::outcome::Outcome;
 use event::{AnomalyArgs, Args, CounterValue, Float, LayerArgs, PassArgs, Phase, TraceEvent};
 use nest::Span;
 
@@ -65,7 +64,7 @@ pub(crate) fn run(files: &[PathBuf], output: &Path) -> Result<Outcome, InputErro
         .map(|path| SessionTrace::read(path))
         .collect::<Result<Vec<_>, _>>()?;
     let timeline = Timeline::new(&sessions);
-    write_atomically(output, |out| timeline.write(out, &sessions))?;
+    crate::output::write_file(output, |out| timeline.write(out, &sessions))?;
     for cut in sessions.iter().filter_map(|s| s.truncated.as_deref()) {
         eprintln!("model-trace: note: {cut}");
     }
@@ -694,35 +693,6 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// Writes `path` through `write` under a temporary name beside it, then renames it into place;
-/// on failure the temporary file is removed and `path` is untouched.
-fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
-) -> Result<(), InputError> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
-    let temporary = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = File::create(&temporary)
-        .and_then(|file| {
-            let mut out = BufWriter::new(file);
-            write(&mut out)?;
-            out.into_inner()
-                .map_err(io::IntoInnerError::into_error)?
-                .sync_all()
-        })
-        .and_then(|()| fs::rename(&temporary, path));
-    written.map_err(|error| {
-        let _ = fs::remove_file(&temporary);
-        format!("writing {}: {error}", path.display())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -731,25 +701,5 @@ mod tests {
     fn counts_say_one_or_many() {
         assert_eq!(plural(1, "anomaly", "anomalies"), "1 anomaly");
         assert_eq!(plural(0, "anomaly", "anomalies"), "0 anomalies");
-    }
-
-    #[test]
-    fn a_failed_write_leaves_nothing() {
-        let dir = std::env::temp_dir().join(format!("model-trace-chrome-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("out.json");
-        let failed = write_atomically(&path, |out| {
-            out.write_all(b"{\"traceEvents\":[")?;
-            Err(io::Error::other("disk full"))
-        });
-        assert!(failed.unwrap_err().contains("out.json: disk full"));
-        assert_eq!(
-            fs::read_dir(&dir).unwrap().count(),
-            0,
-            "no file, no temporary"
-        );
-        write_atomically(&path, |out| out.write_all(b"{}")).unwrap();
-        assert_eq!(fs::read_to_string(&path).unwrap(), "{}");
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,11 +4,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use trace_runtime::{Event, ModelTracerConfig, TraceHeader};
+use trace_runtime::Event;
 
+use crate::header::describe_header;
 use crate::load::{self, InputError};
+use crate::outcome::Outcome;
 use crate::style::Colors;
-use crate::Outcome;
 
 pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
     let mut kinds: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -83,110 +84,6 @@ pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
     }
     crate::output::emit(&out)?;
     Ok(Outcome::Ok)
-}
-
-/// The lines about the file, its writer, its session and its configuration.
-pub(crate) fn describe_header(
-    out: &mut String,
-    path: &Path,
-    header: &TraceHeader,
-    bytes: u64,
-    colors: &Colors,
-) -> std::fmt::Result {
-    writeln!(
-        out,
-        "{} {} ({}, schema {}, written by {})",
-        colors.bold("trace:"),
-        path.display(),
-        load::file_size(bytes),
-        header.schema,
-        header.writer
-    )?;
-    let thread = header.thread.name.as_deref().unwrap_or("unnamed");
-    writeln!(
-        out,
-        "{} session {} of process {}, thread {} ({thread})",
-        colors.bold("run:"),
-        header.session,
-        header.process_id,
-        header.thread.id
-    )?;
-    let meta = &header.metadata;
-    let mut said = Vec::new();
-    for (label, value) in [
-        ("model", &meta.model),
-        ("weights", &meta.weights),
-        ("prompt", &meta.prompt),
-        ("dtype", &meta.dtype),
-        ("device", &meta.device),
-    ] {
-        if let Some(value) = value {
-            said.push(format!("{label} {value:?}"));
-        }
-    }
-    for (key, value) in &meta.extra {
-        said.push(format!("{key} {value:?}"));
-    }
-    if !said.is_empty() {
-        writeln!(out, "{} {}", colors.bold("about:"), said.join("; "))?;
-    }
-    writeln!(
-        out,
-        "{} {}",
-        colors.bold("records:"),
-        config_text(&header.config)
-    )?;
-    let filter = if header.filter.is_empty() {
-        "(every tracepoint)"
-    } else {
-        &header.filter
-    };
-    let capture = if header.capture.is_empty() {
-        "(nothing)"
-    } else {
-        &header.capture
-    };
-    writeln!(
-        out,
-        "{} {filter}   {} {capture}",
-        colors.bold("filter:"),
-        colors.bold("capture:")
-    )
-}
-
-fn config_text(config: &ModelTracerConfig) -> String {
-    let mut parts = Vec::new();
-    if config.trace_activations {
-        parts.push("activations".to_owned());
-    }
-    if config.trace_attention {
-        let a = &config.attention_config;
-        parts.push(format!(
-            "attention (top {} ≥ {})",
-            a.top_k, a.weight_threshold
-        ));
-    }
-    if config.trace_logits {
-        parts.push(match &config.tracked_tokens {
-            Some(tokens) => format!("logits (tokens {tokens:?})"),
-            None => format!("logits (final top {})", config.auto_track_top_k),
-        });
-    }
-    if config.trace_quant_error {
-        parts.push("quantization error".to_owned());
-    }
-    if config.trace_kv_cache {
-        parts.push("KV cache".to_owned());
-    }
-    if parts.is_empty() {
-        parts.push("nothing".to_owned());
-    }
-    let digests = match config.digests {
-        trace_runtime::DigestPolicy::Off => "no digests",
-        trace_runtime::DigestPolicy::HostOnly => "digests of host tensors",
-        trace_runtime::DigestPolicy::Always => "digests of every tensor",
-    };
-    format!("{}; {digests}", parts.join(", "))
 }
 
 /// `16 (positions 0, 5, 6, ..., 19)`.

@@ -1,7 +1,9 @@
 //! Writing results on stdout: a closed pipe (`model-trace summary … | head`) ends the output
-//! quietly instead of panicking.
+//! quietly instead of panicking; and into files, whole or not at all.
 
-use std::io::{ErrorKind, Write as _};
+use std::fs::File;
+use std::io::{self, BufWriter, ErrorKind, Write as _};
+use std::path::Path;
 
 /// Writes `text` on stdout; a reader that went away is not an error.
 pub(crate) fn emit(text: &str) -> Result<(), String> {
@@ -22,4 +24,42 @@ pub(crate) fn emit_json(value: &impl serde::Serialize) -> Result<(), String> {
     let mut text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
     text.push('\n');
     emit(&text)
+}
+
+/// Writes the file at `path` through `write`, whole or not at all
+/// ([`trace_runtime::write_atomically`]); the error names the file.
+pub(crate) fn write_file(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> Result<(), String> {
+    trace_runtime::write_atomically(path, write)
+        .map_err(|error| format!("writing {}: {error}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::io::{self, Write as _};
+
+    use super::write_file;
+
+    #[test]
+    fn a_failed_write_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("model-trace-output-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.json");
+        let failed = write_file(&path, |out| {
+            out.write_all(b"{\"traceEvents\":[")?;
+            Err(io::Error::other("disk full"))
+        });
+        assert!(failed.unwrap_err().contains("out.json: disk full"));
+        assert_eq!(
+            fs::read_dir(&dir).unwrap().count(),
+            0,
+            "no file, no temporary"
+        );
+        write_file(&path, |out| out.write_all(b"{}")).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "{}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

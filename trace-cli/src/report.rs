@@ -6,14 +6,16 @@
 
 mod collect;
 
-use std::path::{Path, PathBuf};
+use std::io::Write as _;
+use std::path::Path;
 
 use serde::Serialize;
 
-use crate::diff::Diffed;
+use crate::args::ReportArgs;
+use crate::compared::Diffed;
 use crate::load::{self, InputError};
+use crate::outcome::Outcome;
 use crate::style::Colors;
-use crate::{Outcome, ReportArgs};
 
 const PAGE: &str = include_str!("report/page.html");
 const CSS: &str = include_str!("report/page.css");
@@ -76,14 +78,15 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     );
     let mut outcome = Outcome::Ok;
     if let Some(reference) = &args.against {
-        let diffed = Diffed::read(reference, &args.file, &args.compare)?;
-        if diffed.comparison.first_divergence().is_some() {
+        let diffed = Diffed::read(reference, &args.file, args.compare.options()?)?;
+        diffed.warn_unused_overrides();
+        if diffed.diverged() {
             outcome = Outcome::Diverged;
         }
         data.diff = Some(diff_data(reference, &diffed, args.pass));
     }
     let html = page(&data)?;
-    write_atomically(&output, html.as_bytes())?;
+    crate::output::write_file(&output, |out| out.write_all(html.as_bytes()))?;
     let mut said = format!(
         "wrote {} ({}): {} passes, {} layers",
         output.display(),
@@ -178,16 +181,4 @@ fn escape_html(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
-}
-
-/// Writes to `path.partial` then renames, so that a failure leaves no half page.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), InputError> {
-    let mut partial: PathBuf = path.to_path_buf();
-    partial.as_mut_os_string().push(".partial");
-    std::fs::write(&partial, bytes)
-        .and_then(|()| std::fs::rename(&partial, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&partial);
-            format!("writing {}: {e}", path.display())
-        })
 }

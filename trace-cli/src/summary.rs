@@ -11,9 +11,10 @@ use trace_runtime::{
     AttentionAnalysis, Event, ModelTracer, ModelTracerSummary, Specialization, TraceHeader,
 };
 
+use crate::header::describe_header;
 use crate::load::{self, InputError};
+use crate::outcome::Outcome;
 use crate::style::Colors;
-use crate::Outcome;
 
 /// One layer index over every pass.
 #[derive(Debug, Default, Serialize)]
@@ -89,8 +90,7 @@ pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, I
         return Ok(Outcome::Ok);
     }
     let mut out = String::new();
-    crate::list::describe_header(&mut out, path, &header, notes.bytes, colors)
-        .map_err(|e| e.to_string())?;
+    describe_header(&mut out, path, &header, notes.bytes, colors).map_err(|e| e.to_string())?;
     let _ = writeln!(out, "{summary}");
     if !layers.is_empty() {
         let _ = writeln!(

@@ -2,18 +2,18 @@
 //!
 //! A safetensors file starts with its header (every tensor's name, dtype, shape and offsets),
 //! so a file cannot grow once written. Captured tensors are held in memory until a chunk's
-//! worth is ready, then the chunk is written to a temporary name and renamed into place: a
-//! crash never leaves a half-written chunk under a chunk's name, and the chunks already
-//! written stay.
+//! worth is ready, then the chunk is written whole ([`write_atomically`]): a crash never leaves
+//! a half-written chunk under a chunk's name, and the chunks already written stay.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::write_atomically;
 use crate::summary::CaptureRef;
 
 /// Default size of one capture chunk: 64 MiB of tensor data.
@@ -90,13 +90,11 @@ impl CaptureWriter {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let final_path = self.dir.join(self.chunk_name());
-        let partial = self.dir.join(format!(".{}.partial", self.chunk_name()));
+        let path = self.dir.join(self.chunk_name());
         let pending = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
         self.chunk += 1;
-        write_safetensors(&partial, &pending)?;
-        std::fs::rename(&partial, &final_path)
+        write_atomically(&path, |out| write_safetensors(out, &pending))
     }
 
     /// Writes what is pending; called once at the session's end.
@@ -113,7 +111,7 @@ impl Drop for CaptureWriter {
     }
 }
 
-fn write_safetensors(path: &Path, tensors: &[Pending]) -> io::Result<()> {
+fn write_safetensors(out: &mut impl Write, tensors: &[Pending]) -> io::Result<()> {
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for tensor in tensors {
@@ -133,7 +131,6 @@ fn write_safetensors(path: &Path, tensors: &[Pending]) -> io::Result<()> {
     while (8 + text.len()) % 8 != 0 {
         text.push(b' ');
     }
-    let mut out = BufWriter::new(File::create(path)?);
     out.write_all(&(text.len() as u64).to_le_bytes())?;
     out.write_all(&text)?;
     for tensor in tensors {
@@ -141,9 +138,7 @@ fn write_safetensors(path: &Path, tensors: &[Pending]) -> io::Result<()> {
             out.write_all(&value.to_le_bytes())?;
         }
     }
-    out.into_inner()
-        .map_err(io::IntoInnerError::into_error)?
-        .sync_all()
+    Ok(())
 }
 
 /// A captured tensor that cannot be read back.

@@ -3,10 +3,12 @@
 //! this module names files, reads traces back and writes captures. Writing events is the file
 //! sink's ([`TraceFileSink`](crate::TraceFileSink)).
 
+mod atomic;
 mod capture;
 mod naming;
 mod reader;
 
+pub use atomic::write_atomically;
 pub(crate) use capture::CaptureWriter;
 pub use capture::{read_capture, CaptureError, DEFAULT_CAPTURE_CHUNK_BYTES};
 pub(crate) use naming::claim_path;

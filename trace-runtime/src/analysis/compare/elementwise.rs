@@ -1,28 +1,15 @@
 //! Comparing two captured tensors value by value.
 
 use super::{Check, ErrorMeasure, ErrorStat, Pair};
-use crate::format::read_capture;
 
-/// The decisive check and the exact error measures, or `None` when either side was not
-/// captured (or a capture could not be read: then a warning says why).
+/// The decisive check and the exact error measures of the pair's captured values `a` (the
+/// reference's) and `b`, or `None` when their lengths differ (then a warning says so).
 pub(super) fn compare(
+    a: &[f32],
+    b: &[f32],
     pair: &Pair<'_>,
     warnings: &mut Vec<String>,
 ) -> Option<(Check, ErrorMeasure)> {
-    let load = |(trace, tensor): (&super::TraceTensors, &super::TracedTensor)| {
-        let reference = tensor.tensor.capture.as_ref()?;
-        let path = trace.path.as_ref()?;
-        Some(read_capture(path, reference).map(|(_, values)| values))
-    };
-    let a = load(pair.reference)?;
-    let b = load(pair.other)?;
-    let (a, b) = match (a, b) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            warnings.push(format!("{e}; compared by summaries instead"));
-            return None;
-        }
-    };
     if a.len() != b.len() {
         warnings.push(format!(
             "captured tensors of {} and {} values for one record; compared by summaries instead",
@@ -32,8 +19,8 @@ pub(super) fn compare(
         return None;
     }
     Some(measure(
-        &a,
-        &b,
+        a,
+        b,
         pair.tolerance.atol,
         pair.tolerance.rtol,
         pair.error_stat,

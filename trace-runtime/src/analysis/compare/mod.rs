@@ -8,6 +8,9 @@
 //! `|b − a| ≤ atol + rtol·|a|` (docs/trace-format.md derives them): a summary outside its
 //! bound proves the tensors are not close, so a divergence found this way is never a false
 //! alarm (two tensors the bounds call close may still differ where the summaries cannot see).
+//!
+//! Reading captured tensors is the caller's: [`compare`] asks a loader it is given for the
+//! values of each pair, so this module reads no file.
 
 mod bounds;
 mod elementwise;
@@ -15,12 +18,16 @@ mod names;
 mod tolerance;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 pub use names::{full_name, split_full_name, NameMap, NameMapError};
-pub use tolerance::{ErrorStat, Tolerance, ToleranceError, Tolerances, DEFAULT_ATOL, DEFAULT_RTOL};
+pub use tolerance::{
+    ErrorStat, Overridden, Tolerance, ToleranceError, Tolerances, UnusedOverride, DEFAULT_ATOL,
+    DEFAULT_ERROR_QUANTILE, DEFAULT_RTOL,
+};
 
 use crate::record::{Event, TraceHeader};
 use crate::summary::TensorSummary;
@@ -71,7 +78,8 @@ impl TracedTensor {
 pub struct TraceTensors {
     /// The trace's header.
     pub header: TraceHeader,
-    /// The trace file, for its captured tensors.
+    /// The trace file, for a loader of its captured tensors
+    /// ([`read_capture`](crate::read_capture) takes it).
     pub path: Option<PathBuf>,
     /// The tensors, by sequence number.
     pub tensors: Vec<TracedTensor>,
@@ -242,6 +250,10 @@ pub struct TensorComparison {
     pub shapes: (Vec<usize>, Vec<usize>),
     /// The tolerance applied.
     pub tolerance: Tolerance,
+    /// The error statistic applied (for captured tensors; summaries are checked against the
+    /// bounds it implies).
+    #[serde(default)]
+    pub error_stat: ErrorStat,
     /// What decided: `elementwise` (captures) or `summary`.
     pub method: String,
     /// The verdict.
@@ -293,6 +305,9 @@ pub struct Comparison {
     pub extra: Vec<Unmatched>,
     /// Problems reading captures (the pair then was compared by its summaries).
     pub warnings: Vec<String>,
+    /// Per-name overrides of the tolerances that matched no tensor of either trace.
+    #[serde(default)]
+    pub unused_overrides: Vec<UnusedOverride>,
 }
 
 impl Comparison {
@@ -308,10 +323,20 @@ impl Comparison {
 }
 
 /// Compares `other` with `reference`.
-pub fn compare(
+///
+/// `captures` gives the values of a tensor of a trace that was captured in full (`None` when it
+/// was not; an error when it cannot be read, which becomes a warning and a comparison by
+/// summaries). It is asked only when [`CompareOptions::use_captures`] is set and the pair is
+/// not bit-identical, for the reference's tensor first and the other's only when the
+/// reference's was captured. A loader of trace files on disk reads
+/// [`TracedTensor::tensor`]'s `capture` beside [`TraceTensors::path`] with
+/// [`read_capture`](crate::read_capture); `|_, _| None::<Result<_, String>>` compares
+/// summaries only.
+pub fn compare<E: fmt::Display>(
     reference: &TraceTensors,
     other: &TraceTensors,
     options: &CompareOptions,
+    mut captures: impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
 ) -> Comparison {
     // Names maps rename stages; attention and logits records match as what they are.
     let key = |t: &TracedTensor| {
@@ -343,14 +368,15 @@ pub fn compare(
             });
             continue;
         };
-        let tolerance = options.tolerances.for_name(&full_name(k.1, &k.2));
+        let name = full_name(k.1, &k.2);
         let pair = Pair {
             reference: (reference, tensor),
             other: (other, matched),
-            tolerance,
-            error_stat: options.tolerances.error_stat,
+            tolerance: options.tolerances.for_name(&name),
+            error_stat: options.tolerances.error_stat_for(&name),
         };
-        let compared = pair.compare(options.use_captures, &mut comparison.warnings);
+        let loader = options.use_captures.then_some(&mut captures);
+        let compared = pair.compare(loader, &mut comparison.warnings);
         comparison.pairs.push(TensorComparison {
             pass: k.0,
             layer: k.1,
@@ -370,6 +396,11 @@ pub fn compare(
         }
     }
     comparison.extra.dedup();
+    let names = (reference.tensors.iter()).chain(&other.tensors).map(|t| {
+        let (_, layer, name) = key(t);
+        full_name(layer, &name)
+    });
+    comparison.unused_overrides = options.tolerances.unused_overrides(names);
     comparison
 }
 
@@ -382,7 +413,15 @@ struct Pair<'a> {
 }
 
 impl Pair<'_> {
-    fn compare(&self, use_captures: bool, warnings: &mut Vec<String>) -> TensorComparison {
+    /// The verdict: from the values when `captures` (if given) has both, else from the
+    /// summaries.
+    fn compare<E: fmt::Display>(
+        &self,
+        captures: Option<
+            &mut impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
+        >,
+        warnings: &mut Vec<String>,
+    ) -> TensorComparison {
         let (a, b) = (&self.reference.1.tensor, &self.other.1.tensor);
         let mut result = TensorComparison {
             pass: 0,
@@ -391,6 +430,7 @@ impl Pair<'_> {
             seq: self.reference.1.seq,
             shapes: (a.shape.clone(), b.shape.clone()),
             tolerance: self.tolerance,
+            error_stat: self.error_stat,
             method: "summary".to_owned(),
             verdict: Verdict::Close,
             checks: Vec::new(),
@@ -409,8 +449,11 @@ impl Pair<'_> {
             };
             return result;
         }
-        if use_captures {
-            if let Some((check, error)) = elementwise::compare(self, warnings) {
+        let values = captures.and_then(|load| self.captured(load, warnings));
+        if let Some((ref_values, other_values)) = values {
+            if let Some((check, error)) =
+                elementwise::compare(&ref_values, &other_values, self, warnings)
+            {
                 result.method = "elementwise".to_owned();
                 result.verdict = if check.ratio() <= 1.0 {
                     Verdict::Close
@@ -438,6 +481,24 @@ impl Pair<'_> {
         };
         result.error = bounds::estimate(a, b);
         result
+    }
+
+    /// Both sides' captured values, or `None` when either side was not captured (or a capture
+    /// could not be read: then a warning says why).
+    fn captured<E: fmt::Display>(
+        &self,
+        load: &mut impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
+        warnings: &mut Vec<String>,
+    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        let a = load(self.reference.0, self.reference.1)?;
+        let b = load(self.other.0, self.other.1)?;
+        match (a, b) {
+            (Ok(a), Ok(b)) => Some((a, b)),
+            (Err(e), _) | (_, Err(e)) => {
+                warnings.push(format!("{e}; compared by summaries instead"));
+                None
+            }
+        }
     }
 }
 

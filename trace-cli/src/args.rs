@@ -1,0 +1,254 @@
+//! The command line: each subcommand's arguments as clap parses them, and the comparison
+//! options they stand for (`diff`, `report --against`).
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use clap::builder::{PossibleValue, TypedValueParser};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
+use trace_runtime::compare::{
+    CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
+};
+
+use crate::load::InputError;
+
+/// Read model-trace trace files: what one holds, its summary, where it diverges from a
+/// reference, a page of plots, or a timeline for Perfetto.
+#[derive(Debug, Parser)]
+#[command(name = "model-trace", version, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+    /// Colour: auto (when the output is a terminal and NO_COLOR is unset), always or never.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub(crate) color: ColorChoice,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// `Some` when colour is forced on or off, `None` for auto.
+    pub(crate) fn forced(self) -> Option<bool> {
+        match self {
+            Self::Auto => None,
+            Self::Always => Some(true),
+            Self::Never => Some(false),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// The header, tracepoints, passes and events of a trace.
+    List {
+        /// The trace file.
+        file: PathBuf,
+    },
+    /// The tracer's summary (anomalies, what the attention heads do, KV cache, quantization)
+    /// and a per-layer table of the layers' outputs, times and heads.
+    Summary {
+        /// The trace file.
+        file: PathBuf,
+        /// Write the summary as JSON on stdout (header, tracer summary with the attention
+        /// analysis, per-layer table).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare a trace with a reference: the first divergence in execution order, what differs
+    /// there and by how much, and the error layer by layer.
+    Diff(DiffArgs),
+    /// One self-contained HTML page of plots: each stage through the layers, the outputs
+    /// through the passes, the attention heads, logit evolution, quantization error, KV cache,
+    /// time, and with --against the error against a reference layer by layer.
+    Report(ReportArgs),
+    /// A timeline in the Chrome trace event format, for Perfetto (ui.perfetto.dev) or
+    /// chrome://tracing: passes and layers as nested spans per thread, anomalies as instants.
+    Chrome {
+        /// Trace files; sessions of one process (one file per thread) share a timeline.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The JSON file to write.
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+    },
+}
+
+/// Options of `diff`.
+#[derive(Debug, Args)]
+pub(crate) struct DiffArgs {
+    /// The reference trace (for example written by PyTorch through the Python package).
+    pub(crate) reference: PathBuf,
+    /// The trace compared with it.
+    pub(crate) other: PathBuf,
+    #[command(flatten)]
+    pub(crate) compare: CompareArgs,
+    /// The pass whose per-layer table is shown (default: the first divergence's, else the
+    /// one with the largest error).
+    #[arg(long)]
+    pub(crate) pass: Option<usize>,
+    /// Write the result as JSON on stdout instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `report`.
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// The trace file.
+    pub(crate) file: PathBuf,
+    /// A reference trace to compare with (as `diff REF FILE` would).
+    #[arg(long, value_name = "REF")]
+    pub(crate) against: Option<PathBuf>,
+    /// The page to write (default: FILE with the extension .html).
+    #[arg(short, long, value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) compare: CompareArgs,
+    /// With --against, the pass of the per-layer error curve (default: the first divergence's,
+    /// else the one with the largest error).
+    #[arg(long)]
+    pub(crate) pass: Option<usize>,
+}
+
+/// How two traces are compared (`diff`, `report --against`).
+#[derive(Debug, Args)]
+pub(crate) struct CompareArgs {
+    /// Absolute tolerance, `VALUE` or `NAME:VALUE` for the tensors whose full name
+    /// (`layer.3.mlp_out`, `layer.30.logits`) matches the glob NAME; repeatable, the last
+    /// matching override wins; an override that matches no tensor of either trace is a
+    /// warning. Default 1e-5.
+    #[arg(long, value_name = "[NAME:]VALUE")]
+    atol: Vec<String>,
+    /// Relative tolerance (times the reference's magnitude), like --atol. Default 1e-5.
+    #[arg(long, value_name = "[NAME:]VALUE")]
+    rtol: Vec<String>,
+    /// Which statistic of the error decides (for captured tensors; summaries are checked
+    /// against the bounds it implies): `STAT`, or `NAME:STAT` for the tensors whose full name
+    /// matches the glob NAME, like --atol.
+    #[arg(
+        long,
+        value_name = "[NAME:]STAT",
+        value_parser = ErrorStatArgument,
+        default_value = ErrorStat::default().name()
+    )]
+    check_error_stat: Vec<String>,
+    /// The quantile for `--check-error-stat quantile`.
+    #[arg(long, default_value_t = DEFAULT_ERROR_QUANTILE)]
+    error_quantile: f64,
+    /// Rename tensors before matching: a preset (`llama`, `bert`: transformers' module names as
+    /// the Python package records them with names="modules" or as converted debugger traces
+    /// have them) or a file of `FROM = TO` lines (`{i}` stands for a layer index); repeatable.
+    #[arg(long, value_name = "PRESET|FILE")]
+    map: Vec<String>,
+    /// Compare summaries even where both tensors were captured in full.
+    #[arg(long)]
+    summaries_only: bool,
+}
+
+impl CompareArgs {
+    /// The runtime's comparison options (reading `--map` files).
+    pub(crate) fn options(&self) -> Result<CompareOptions, InputError> {
+        let mut options = CompareOptions {
+            use_captures: !self.summaries_only,
+            ..CompareOptions::default()
+        };
+        for atol in &self.atol {
+            options
+                .tolerances
+                .add_atol(atol)
+                .map_err(|e| e.to_string())?;
+        }
+        for rtol in &self.rtol {
+            options
+                .tolerances
+                .add_rtol(rtol)
+                .map_err(|e| e.to_string())?;
+        }
+        for stat in &self.check_error_stat {
+            options
+                .tolerances
+                .add_error_stat(stat)
+                .map_err(|e| e.to_string())?;
+        }
+        self.set_quantile(&mut options.tolerances)?;
+        let mut names = NameMap::identity();
+        for map in &self.map {
+            let rules = match NameMap::preset(map) {
+                Some(preset) => preset,
+                None => {
+                    let text = std::fs::read_to_string(map).map_err(|e| {
+                        format!(
+                            "--map {map}: not a preset ({}) and not a readable file: {e}",
+                            NameMap::PRESETS.join(", ")
+                        )
+                    })?;
+                    NameMap::parse(&text).map_err(|e| format!("--map {map}: {e}"))?
+                }
+            };
+            names = names.then(rules);
+        }
+        options.names = names;
+        Ok(options)
+    }
+
+    /// Gives every `quantile` statistic, the default's and the overrides', `--error-quantile`.
+    fn set_quantile(&self, tolerances: &mut Tolerances) -> Result<(), InputError> {
+        let overrides = tolerances.error_stat_overrides.iter_mut();
+        let stats = std::iter::once(&mut tolerances.error_stat).chain(overrides.map(|(_, s)| s));
+        for stat in stats {
+            if let ErrorStat::Quantile(q) = stat {
+                if !(0.0..=1.0).contains(&self.error_quantile) {
+                    return Err(format!(
+                        "--error-quantile must be in [0, 1], not {}",
+                        self.error_quantile
+                    ));
+                }
+                *q = self.error_quantile;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `--check-error-stat [NAME:]STAT`, checked as [`Tolerances::add_error_stat`] reads it; the
+/// statistics, for `--help` and completions, are [`ErrorStat::ALL`]'s.
+#[derive(Debug, Clone, Copy)]
+struct ErrorStatArgument;
+
+impl TypedValueParser for ErrorStatArgument {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &ClapCommand,
+        arg: Option<&Arg>,
+        value: &OsStr,
+    ) -> Result<String, clap::Error> {
+        let text = value.to_string_lossy();
+        let checked = Tolerances::default().add_error_stat(&text);
+        checked.map(|()| text.clone().into_owned()).map_err(|_| {
+            let mut error = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
+            let arg = arg.map_or_else(|| "--check-error-stat".to_owned(), ToString::to_string);
+            let names = ErrorStat::ALL.iter().map(|s| s.name().to_owned()).collect();
+            error.insert(ContextKind::InvalidArg, ContextValue::String(arg));
+            error.insert(
+                ContextKind::InvalidValue,
+                ContextValue::String(text.into_owned()),
+            );
+            error.insert(ContextKind::ValidValue, ContextValue::Strings(names));
+            error
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(ErrorStat::ALL.into_iter().map(|stat| {
+            PossibleValue::new(stat.name()).help(stat.description())
+        })))
+    }
+}

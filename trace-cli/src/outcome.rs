@@ -1,0 +1,10 @@
+//! What a command found, for the exit code.
+
+/// What a command found: [`Ok`](Outcome::Ok) exits 0, [`Diverged`](Outcome::Diverged) 1 (an
+/// error, bad input, exits 2).
+pub(crate) enum Outcome {
+    /// Everything matched, or the command did what it was asked.
+    Ok,
+    /// `diff` or `report --against` found a divergence.
+    Diverged,
+}
