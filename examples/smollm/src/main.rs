@@ -7,8 +7,11 @@ use smollm::report::quant_figures;
 use smollm::{weights, TraceLevel};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|full-noquant|full] \
-                     [--logit-lens] [--trace-out FILE [--capture PATTERN]] PROMPT\n\
+const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
+                     [--trace off|lightweight|full-noquant|full] [--logit-lens] \
+                     [--trace-out FILE [--capture PATTERN]] PROMPT\n\
+                     --ignore-eos goes on past the end-of-text token, so exactly N tokens are \
+                     generated (for measuring);\n\
                      --trace defaults to full when built with --features trace, else off;\n\
                      --trace-out writes the trace file (also MODEL_TRACE_OUT=FILE), --capture saves \
                      the tensors it selects in full beside it (also MODEL_TRACE_CAPTURE)";
@@ -16,6 +19,7 @@ const USAGE: &str = "usage: smollm [--max-tokens N] [--trace off|lightweight|ful
 struct Args {
     prompt: String,
     max_tokens: usize,
+    ignore_eos: bool,
     trace: TraceLevel,
     logit_lens: bool,
     trace_out: Option<String>,
@@ -27,6 +31,7 @@ struct Args {
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut prompt: Option<String> = None;
     let mut max_tokens = 16;
+    let mut ignore_eos = false;
     let mut trace = TraceLevel::DEFAULT;
     let mut logit_lens = false;
     let (mut trace_out, mut capture) = (None, None);
@@ -50,6 +55,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--max-tokens takes a number, not {v:?}"))?;
             }
+            "--ignore-eos" => ignore_eos = true,
             "--trace" => trace = value("--trace")?.parse()?,
             "--logit-lens" => logit_lens = true,
             "--trace-out" => trace_out = Some(value("--trace-out")?),
@@ -69,6 +75,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     Ok(Args {
         prompt: prompt.ok_or("no prompt given")?,
         max_tokens,
+        ignore_eos,
         trace,
         logit_lens,
         trace_out,
@@ -106,7 +113,11 @@ fn run(args: &Args) -> smollm::Result<()> {
     if let Some(bug) = args.inject_bug {
         smollm::bugs::inject(bug);
     }
-    let (mut model, tokenizer) = load(&path)?;
+    let (mut model, mut tokenizer) = load(&path)?;
+    if args.ignore_eos {
+        // `greedy` stops at the tokenizer's end-of-text id; no token has this one.
+        tokenizer.eos_id = u32::MAX;
+    }
     let prompt_ids = smollm::generate::encode_prompt(&tokenizer, &args.prompt)?;
     model.logit_lens = args.logit_lens;
 
@@ -199,5 +210,23 @@ fn start_session(builder: SessionBuilder, args: &Args) -> smollm::Result<Session
     match &args.trace_out {
         Some(path) => Ok(builder.trace_file(path).start()?),
         None => Ok(builder.start_lenient()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    fn parse(args: &[&str]) -> Result<super::Args, String> {
+        parse_args(args.iter().map(|a| (*a).to_owned()))
+    }
+
+    #[test]
+    fn ignore_eos_is_off_unless_asked_for() {
+        let args = parse(&["--max-tokens", "200", "hi"]).unwrap();
+        assert_eq!((args.max_tokens, args.ignore_eos), (200, false));
+        let args = parse(&["--max-tokens=1000", "--ignore-eos", "hi"]).unwrap();
+        assert_eq!((args.max_tokens, args.ignore_eos), (1000, true));
+        assert_eq!(args.prompt, "hi");
     }
 }

@@ -1,6 +1,7 @@
 //! Decode speed of SmolLM2 untraced and traced at each level, measured in one run.
 //!
-//! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N] [--instructions]`
+//! `cargo run --release -p smollm --bin bench_decode -- [--rounds N] [--tokens N]
+//! [--instructions | --memory [--cli]]`
 //!
 //! Builds the `smollm` package twice in release (without and with `--features trace`), copies
 //! both builds' binaries aside, and compares seven configurations:
@@ -41,7 +42,19 @@
 //! and then 1,000 tokens under `/usr/bin/time -v`, and the table gives the peak resident set
 //! size, its overhead over the untraced build at the same length, and how much that overhead
 //! grew from 200 to 1,000 tokens (the model's own KV cache grows ~45 KiB a token in every
-//! configuration and cancels in the overhead).
+//! configuration and cancels in the overhead). `--tokens N` replaces the two lengths by N / 5
+//! (at least 1) and N; `--rounds N` runs each measurement N times (default 1) and takes the
+//! median.
+//!
+//! `--memory --cli` measures the user's path instead of the worker: the `smollm` CLI itself,
+//! `smollm --max-tokens N --ignore-eos PROMPT` from the untraced build against
+//! `smollm --max-tokens N --ignore-eos --trace full-noquant --trace-out F PROMPT` from the traced
+//! build, both generating exactly N tokens (N = 200 and 1,000, or as `--tokens` sets them), each
+//! under `/usr/bin/time -v`, whose maximum resident set size is the child's own `ru_maxrss` as
+//! `wait4` reports it. Each run repeats `--rounds` times (default 3) and the table gives the
+//! medians, the traced build's excess over the untraced at each length, the growth of that
+//! excess from the shorter to the longer run, and the size of the trace file. The CLI also
+//! finishes the session and prints its summary before it exits, which the worker never does.
 //!
 //! With `--instructions` it counts instead of timing: each configuration's CLI runs once under
 //! `valgrind --tool=cachegrind --cache-sim=no` decoding 2 tokens and once decoding `--tokens`, and
@@ -55,16 +68,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 
 const USAGE: &str = "usage: bench_decode [--rounds N] [--tokens N] [--prompt TEXT] \
-                     [--profile release|dev] [--instructions | --memory]";
+                     [--profile release|dev] [--instructions | --memory [--cli]]";
 
 /// Bootstrap resamples of the rounds behind each interval.
 const RESAMPLES: usize = 4000;
 
-/// Decode lengths of the `--memory` runs.
-const MEMORY_TOKENS: [usize; 2] = [200, 1000];
+/// The longer decode length of the `--memory` runs when `--tokens` does not set it; the shorter
+/// is a fifth of it.
+const MEMORY_TOKENS: usize = 1000;
+
+/// The trace level of the traced run in `--memory --cli`.
+const CLI_TRACE: &str = "full-noquant";
 
 struct Args {
+    /// Rounds of the timed benchmark; repetitions of each `--memory` measurement.
     rounds: usize,
+    /// Decode steps per round (timed), of the longer run (`--instructions`, `--memory`).
     tokens: usize,
     prompt: String,
     /// Cargo profile of the builds measured.
@@ -73,6 +92,8 @@ struct Args {
     instructions: bool,
     /// Measure peak memory instead of timing.
     memory: bool,
+    /// With `memory`: measure the `smollm` CLI, not the worker.
+    cli: bool,
 }
 
 struct Config {
@@ -146,26 +167,41 @@ fn main() -> ExitCode {
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let (mut rounds, mut tokens) = (None, None);
     let mut parsed = Args {
-        rounds: 10,
-        tokens: 24,
+        rounds: 0,
+        tokens: 0,
         prompt: "The capital of France is".to_owned(),
         profile: "release".to_owned(),
         instructions: false,
         memory: false,
+        cli: false,
     };
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
-            "--rounds" => parsed.rounds = parse_count(&flag, &value()?)?,
-            "--tokens" => parsed.tokens = parse_count(&flag, &value()?)?,
+            "--rounds" => rounds = Some(parse_count(&flag, &value()?)?),
+            "--tokens" => tokens = Some(parse_count(&flag, &value()?)?),
             "--prompt" => parsed.prompt = value()?,
             "--profile" => parsed.profile = value()?,
             "--instructions" => parsed.instructions = true,
             "--memory" => parsed.memory = true,
+            "--cli" => parsed.cli = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    if parsed.instructions && parsed.memory {
+        return Err("--instructions and --memory are two different benchmarks: pick one".into());
+    }
+    if parsed.cli && !parsed.memory {
+        return Err("--cli goes with --memory".into());
+    }
+    parsed.rounds = rounds.unwrap_or(match (parsed.memory, parsed.cli) {
+        (true, true) => 3,
+        (true, false) => 1,
+        (false, _) => 10,
+    });
+    parsed.tokens = tokens.unwrap_or(if parsed.memory { MEMORY_TOKENS } else { 24 });
     if parsed.instructions && parsed.tokens < 3 {
         return Err(
             "--instructions needs --tokens of at least 3: it subtracts a 2-token run".into(),
@@ -195,6 +231,8 @@ fn run(args: &Args) -> Result<(), String> {
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".to_owned());
     if args.instructions {
         count_instructions(&builds, args, &threads)
+    } else if args.memory && args.cli {
+        measure_cli_memory(&builds, args, &threads)
     } else if args.memory {
         measure_memory(&builds, args, &threads)
     } else {
@@ -328,11 +366,7 @@ fn round_bootstrap_interval(rounds: &[&[f64]], resamples: usize) -> Option<(f64,
 /// caller's environment, and a trace file (in `bench_dir`, named after the configuration) only
 /// where the configuration writes one.
 fn configure(command: &mut Command, config: &Config, threads: &str, bench_dir: &Path) {
-    command
-        .env("RAYON_NUM_THREADS", threads)
-        .env_remove("MODEL_TRACE")
-        .env_remove("MODEL_TRACE_CAPTURE")
-        .env_remove("MODEL_TRACE_OUT");
+    clean_env(command, threads);
     if config.trace_file {
         let index = CONFIGS
             .iter()
@@ -343,6 +377,15 @@ fn configure(command: &mut Command, config: &Config, threads: &str, bench_dir: &
             bench_dir.join(format!("config-{index}.ndjson")),
         );
     }
+}
+
+/// The benchmark's Rayon thread setting and none of the caller's model-trace variables.
+fn clean_env(command: &mut Command, threads: &str) {
+    command
+        .env("RAYON_NUM_THREADS", threads)
+        .env_remove("MODEL_TRACE")
+        .env_remove("MODEL_TRACE_CAPTURE")
+        .env_remove("MODEL_TRACE_OUT");
 }
 
 /// A `decode_worker` process, prefilled and waiting for steps.
@@ -470,28 +513,41 @@ fn count_instructions(builds: &[Build; 2], args: &Args, threads: &str) -> Result
     Ok(())
 }
 
-/// Peak RSS of each configuration's worker decoding each of `MEMORY_TOKENS`.
+/// The shorter and the longer decode length of the `--memory` runs: a fifth of `--tokens` (at
+/// least 1) and `--tokens`.
+fn memory_lengths(tokens: usize) -> [usize; 2] {
+    [(tokens / 5).max(1), tokens]
+}
+
+/// Peak RSS of each configuration's worker decoding each of `memory_lengths`, the median of
+/// `--rounds` runs.
 fn measure_memory(builds: &[Build; 2], args: &Args, threads: &str) -> Result<(), String> {
+    let lengths = memory_lengths(args.tokens);
     eprintln!(
-        "{} configurations under /usr/bin/time -v, {:?} decode tokens each",
+        "{} configurations under /usr/bin/time -v, {lengths:?} decode tokens each, {} run(s) \
+         each, RAYON_NUM_THREADS={threads}",
         CONFIGS.len(),
-        MEMORY_TOKENS
+        args.rounds
     );
     let mut peaks = Vec::with_capacity(CONFIGS.len());
     for config in &CONFIGS {
         let build = &builds[usize::from(config.traced_build)];
         let mut row = Vec::new();
-        for tokens in MEMORY_TOKENS {
-            let kib = peak_rss_kib(build, config, args, threads, tokens)?;
-            eprintln!("{:<46} {tokens:>5} tokens: {kib} KiB", config.label);
-            row.push(kib as f64 / 1024.0);
+        for tokens in lengths {
+            let mut runs = Vec::with_capacity(args.rounds);
+            for _ in 0..args.rounds {
+                let kib = peak_rss_kib(build, config, args, threads, tokens)?;
+                eprintln!("{:<46} {tokens:>5} tokens: {kib} KiB", config.label);
+                runs.push(kib as f64 / 1024.0);
+            }
+            row.push(median(&runs));
         }
         peaks.push(row);
     }
     let base = &peaks[0];
     println!(
         "\n| configuration | peak RSS at {} / {} tokens (MiB) | overhead vs untraced (MiB) | overhead growth {}→{} (MiB) |\n|---|---:|---:|---:|",
-        MEMORY_TOKENS[0], MEMORY_TOKENS[1], MEMORY_TOKENS[0], MEMORY_TOKENS[1]
+        lengths[0], lengths[1], lengths[0], lengths[1]
     );
     for (config, row) in CONFIGS.iter().zip(&peaks) {
         let overhead: Vec<f64> = row.iter().zip(base).map(|(p, b)| p - b).collect();
@@ -504,6 +560,9 @@ fn measure_memory(builds: &[Build; 2], args: &Args, threads: &str) -> Result<(),
             overhead[1],
             overhead[1] - overhead[0]
         );
+    }
+    if args.rounds > 1 {
+        println!("(medians of {} runs each)", args.rounds);
     }
     Ok(())
 }
@@ -527,9 +586,7 @@ fn peak_rss_kib(
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot run /usr/bin/time (Debian's package `time`): {e}"))?;
+    let mut child = command.spawn().map_err(no_time)?;
     if let Some(mut input) = child.stdin.take() {
         input
             .write_all("\n".repeat(tokens).as_bytes())
@@ -545,6 +602,16 @@ fn peak_rss_kib(
             config.label, output.status
         ));
     }
+    max_rss_kib(&stderr)
+}
+
+fn no_time(e: std::io::Error) -> String {
+    format!("cannot run /usr/bin/time (Debian's package `time`): {e}")
+}
+
+/// The peak RSS in KiB from the report of `/usr/bin/time -v` (GNU time's `ru_maxrss` of the
+/// child it waited for).
+fn max_rss_kib(stderr: &str) -> Result<u64, String> {
     stderr
         .lines()
         .find_map(|line| {
@@ -555,6 +622,124 @@ fn peak_rss_kib(
                 .ok()
         })
         .ok_or_else(|| format!("no peak RSS in /usr/bin/time's output:\n{stderr}"))
+}
+
+/// One `--memory --cli` run: the CLI's peak RSS and, traced, the size of its trace file.
+struct CliRun {
+    kib: u64,
+    trace_bytes: Option<u64>,
+}
+
+/// `--memory --cli`: the `smollm` CLI of each build generating each of `memory_lengths`, the
+/// traced one at `CLI_TRACE` with `--trace-out`; medians of `--rounds` runs.
+fn measure_cli_memory(builds: &[Build; 2], args: &Args, threads: &str) -> Result<(), String> {
+    let lengths = memory_lengths(args.tokens);
+    eprintln!(
+        "the smollm CLI untraced and at --trace {CLI_TRACE} with --trace-out, under \
+         /usr/bin/time -v, {lengths:?} tokens (--ignore-eos), {} round(s), \
+         RAYON_NUM_THREADS={threads}",
+        args.rounds
+    );
+    // `[build][length]`: peak RSS in MiB, one entry per round.
+    let mut peaks = [[(); 2].map(|()| Vec::new()), [(); 2].map(|()| Vec::new())];
+    let mut trace_bytes = [0u64; 2];
+    for round in 0..args.rounds {
+        for (length, &tokens) in lengths.iter().enumerate() {
+            for (traced, build) in builds.iter().enumerate() {
+                let run = cli_peak_rss(build, traced == 1, args, threads, tokens)?;
+                eprintln!(
+                    "round {round}: {:<9} {tokens:>5} tokens: {} KiB{}",
+                    if traced == 1 { "traced" } else { "untraced" },
+                    run.kib,
+                    run.trace_bytes
+                        .map_or(String::new(), |b| format!(", trace file {b} bytes"))
+                );
+                peaks[traced][length].push(run.kib as f64 / 1024.0);
+                if let Some(bytes) = run.trace_bytes {
+                    trace_bytes[length] = bytes;
+                }
+            }
+        }
+    }
+    let [untraced, traced] = peaks.map(|runs| runs.map(|r| median(&r)));
+    println!(
+        "\n| tokens | untraced (MiB) | traced, {CLI_TRACE}, --trace-out (MiB) | traced − untraced \
+         (MiB) | trace file (MB) |\n|---:|---:|---:|---:|---:|"
+    );
+    for (length, tokens) in lengths.iter().enumerate() {
+        println!(
+            "| {tokens} | {:.1} | {:.1} | {:+.1} | {:.1} |",
+            untraced[length],
+            traced[length],
+            traced[length] - untraced[length],
+            trace_bytes[length] as f64 / 1e6
+        );
+    }
+    let excess = |length: usize| traced[length] - untraced[length];
+    println!(
+        "growth of traced − untraced from {} to {} tokens: {:+.1} MiB \
+         (medians of {} run(s) each; peak RSS is GNU time's maximum resident set size)",
+        lengths[0],
+        lengths[1],
+        excess(1) - excess(0),
+        args.rounds
+    );
+    Ok(())
+}
+
+/// `/usr/bin/time -v smollm --max-tokens TOKENS --ignore-eos [--trace CLI_TRACE --trace-out F]
+/// PROMPT`, checked to have generated exactly `tokens` tokens.
+fn cli_peak_rss(
+    build: &Build,
+    traced: bool,
+    args: &Args,
+    threads: &str,
+    tokens: usize,
+) -> Result<CliRun, String> {
+    let label = if traced { "traced CLI" } else { "untraced CLI" };
+    let mut command = Command::new("/usr/bin/time");
+    command.arg("-v").arg(&build.cli);
+    clean_env(&mut command, threads);
+    command.args(["--max-tokens", &tokens.to_string(), "--ignore-eos"]);
+    let trace_file = traced.then(|| build.dir.join(format!("cli-{CLI_TRACE}-{tokens}.ndjson")));
+    if let Some(file) = &trace_file {
+        match std::fs::remove_file(file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove {}: {e}", file.display())),
+        }
+        command
+            .args(["--trace", CLI_TRACE, "--trace-out"])
+            .arg(file);
+    }
+    command.arg(&args.prompt).stdin(Stdio::null());
+    let output = command.output().map_err(no_time)?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!("{label} failed: {}\n{stderr}", output.status));
+    }
+    // The first token comes from the prefill, each other one from a decode step.
+    let steps = decode_steps(&stdout).unwrap_or(0);
+    if steps + 1 != tokens {
+        return Err(format!(
+            "{label}: {steps} decode steps where {tokens} tokens need {}; was the end of text \
+             ignored?\n{stdout}",
+            tokens - 1
+        ));
+    }
+    let trace_bytes = match &trace_file {
+        Some(file) => Some(
+            std::fs::metadata(file)
+                .map_err(|e| format!("{label}: no trace file {}: {e}", file.display()))?
+                .len(),
+        ),
+        None => None,
+    };
+    Ok(CliRun {
+        kib: max_rss_kib(&stderr)?,
+        trace_bytes,
+    })
 }
 
 struct CountedRun {
@@ -600,7 +785,7 @@ fn counted_run(
 
 /// The two binaries of one build of the `smollm` package.
 struct Build {
-    /// The CLI, counted by `--instructions`.
+    /// The CLI, counted by `--instructions` and measured by `--memory --cli`.
     cli: PathBuf,
     /// The lockstep worker, timed by default.
     worker: PathBuf,
@@ -719,7 +904,14 @@ fn median(values: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_steps, median, round_bootstrap_interval};
+    use super::{
+        decode_steps, max_rss_kib, median, memory_lengths, parse_args, round_bootstrap_interval,
+        Args,
+    };
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|a| (*a).to_owned()))
+    }
 
     #[test]
     fn round_bootstrap_brackets_the_median_and_needs_two_rounds() {
@@ -754,5 +946,34 @@ mod tests {
                       decode: 131.4 ms/token (median of 23 steps, fastest 120.2 ms; prefill of 5 tokens 300.0 ms)\n";
         assert_eq!(decode_steps(stdout), Some(23));
         assert_eq!(decode_steps("decode: no decode steps"), None);
+    }
+
+    #[test]
+    fn rounds_and_tokens_default_per_mode() {
+        let timed = parse(&[]).unwrap();
+        assert_eq!((timed.rounds, timed.tokens), (10, 24));
+        let memory = parse(&["--memory"]).unwrap();
+        assert_eq!((memory.rounds, memory.tokens, memory.cli), (1, 1000, false));
+        let cli = parse(&["--memory", "--cli"]).unwrap();
+        assert_eq!((cli.rounds, cli.tokens, cli.cli), (3, 1000, true));
+        let quick = parse(&["--memory", "--cli", "--rounds", "1", "--tokens", "2"]).unwrap();
+        assert_eq!((quick.rounds, quick.tokens), (1, 2));
+        assert!(parse(&["--cli"]).is_err());
+        assert!(parse(&["--memory", "--instructions"]).is_err());
+    }
+
+    #[test]
+    fn memory_lengths_are_a_fifth_and_the_whole() {
+        assert_eq!(memory_lengths(1000), [200, 1000]);
+        assert_eq!(memory_lengths(2), [1, 2]);
+    }
+
+    #[test]
+    fn max_rss_reads_gnu_time() {
+        let report = "\tCommand being timed: \"smollm\"\n\
+                      \tMaximum resident set size (kbytes): 312456\n\
+                      \tExit status: 0\n";
+        assert_eq!(max_rss_kib(report), Ok(312_456));
+        assert!(max_rss_kib("nothing").is_err());
     }
 }
