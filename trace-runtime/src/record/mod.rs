@@ -10,6 +10,7 @@ mod header;
 mod kv_cache;
 mod logit;
 mod quant;
+mod quant_type;
 mod stage;
 
 pub use activation::*;
@@ -20,4 +21,5 @@ pub use header::*;
 pub use kv_cache::*;
 pub use logit::*;
 pub use quant::*;
+pub use quant_type::QuantType;
 pub use stage::Stage;

@@ -21,6 +21,8 @@ use crate::tracepoint::Tracepoint;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureFilter {
     source: String,
+    /// No pattern and no range (an empty text, or only separators): nothing is captured.
+    empty: bool,
     tracepoints: TraceFilter,
     passes: Option<Span>,
     layers: Option<Span>,
@@ -60,6 +62,7 @@ impl CaptureFilter {
         }
         Ok(Self {
             source: text.trim().to_owned(),
+            empty: patterns.is_empty(),
             tracepoints: TraceFilter::parse(&patterns.join(","))?,
             passes,
             layers,
@@ -68,7 +71,7 @@ impl CaptureFilter {
 
     /// Whether nothing can be captured.
     pub fn is_empty(&self) -> bool {
-        self.source.is_empty()
+        self.empty
     }
 
     /// Whether a tensor of `tracepoint`, recorded in `pass` and `layer`, is captured.
