@@ -10,7 +10,9 @@
 //! records goes to its sinks: the in-memory [`ModelTracer`] that [`Session::finish`] returns,
 //! a trace file ([`SessionBuilder::trace_file`], or `MODEL_TRACE_OUT=path` with no code change)
 //! that [`TraceReader`] and the `model-trace` tools read back, and sinks of your own
-//! ([`TraceSink`]). (A layer that barely changes its input, residual dominance, is flagged only
+//! ([`TraceSink`]). A session that writes a file keeps only the summary in memory, so a long
+//! run costs no more memory than a short one ([`SessionBuilder::in_memory`] keeps the records
+//! too). (A layer that barely changes its input, residual dominance, is flagged only
 //! from an exact ratio that code recording by hand computes with
 //! [`LayerActivationTrace::record_residual`]; the annotations record statistics only.)
 //!

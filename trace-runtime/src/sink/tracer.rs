@@ -26,7 +26,9 @@ use crate::sink::{SinkError, TraceSink};
 ///
 /// * **A session** ([`Session`](crate::Session)) fills its tracer with what annotated code records,
 ///   and hands it back at [`finish`](crate::Session::finish). The session decides where passes and
-///   layers begin and end; the tracer files what it is sent.
+///   layers begin and end; the tracer files what it is sent. A session that writes a trace file
+///   keeps only the summary ([`is_summary_only`](Self::is_summary_only)) unless its builder
+///   asked for [`in_memory(true)`](crate::SessionBuilder::in_memory): the file has the records.
 /// * **By hand**: [`begin_forward`](Self::begin_forward) before a pass,
 ///   `record_*` in between, [`end_forward`](Self::end_forward) after it, which runs the anomaly
 ///   rules and the logit tracking. What a record needs:
