@@ -30,6 +30,9 @@
 //! 6. **mixed**: none of these.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+
+use super::histogram::Histogram;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -434,7 +437,7 @@ struct HeadSums {
     uniform: Mean,
     previous: Mean,
     local: Mean,
-    offsets: BTreeMap<i64, usize>,
+    offsets: Histogram,
     /// The previous row's heaviest key elsewhere, if that row was judged.
     last_elsewhere: Option<Option<usize>>,
 }
@@ -445,11 +448,11 @@ struct LayerSums {
     /// Its heads.
     heads: BTreeMap<usize, HeadSums>,
     judged: usize,
-    offsets: BTreeMap<i64, usize>,
+    offsets: Histogram,
     /// Judged rows keeping each key with weight ≥ `COLUMN_WEIGHT`.
-    columns: BTreeMap<usize, usize>,
+    columns: Histogram,
     /// Judged rows by the number of keys they could see.
-    visible: BTreeMap<usize, usize>,
+    visible: Histogram,
     blocks: usize,
     repeat_pairs: usize,
     repeat_same: usize,
@@ -467,7 +470,8 @@ type KeptRow = (Vec<usize>, Vec<f32>);
 type Pending = HashMap<(usize, usize, usize), BTreeMap<usize, KeptRow>>;
 
 /// Analyses attention rows as they come, in memory that does not grow with the number of rows
-/// (only with the number of heads, the distinct keys and offsets, and the rows of one group).
+/// (only with the number of heads, the rows of one group, and the longest sequence: 4 bytes per
+/// head and position for its histograms of offsets and keys).
 ///
 /// Rows of different heads are compared for redundancy when they share a layer, batch row and
 /// query and arrive in one group: a group ends at [`end_group`](Self::end_group) (the tracer
@@ -523,14 +527,14 @@ impl AttentionAnalyzer {
             head.uniform.add(m.uniform);
             head.previous.add(m.previous);
             head.local.add(m.local);
-            *head.offsets.entry(m.offset).or_default() += 1;
+            head.offsets.add(m.offset);
 
             layer.judged += 1;
-            *layer.offsets.entry(m.offset).or_default() += 1;
-            *layer.visible.entry(m.visible).or_default() += 1;
+            layer.offsets.add(m.offset);
+            layer.visible.add(key_of(m.visible));
             for (&p, &w) in row.top_k_positions.iter().zip(&row.top_k_weights) {
                 if w >= COLUMN_WEIGHT {
-                    *layer.columns.entry(p).or_default() += 1;
+                    layer.columns.add(key_of(p));
                 }
             }
             layer.blocks += usize::from(is_block(row, m.visible));
@@ -645,9 +649,15 @@ fn add_overlaps(layer: &mut LayerSums, group: &BTreeMap<usize, KeptRow>) {
     }
 }
 
+/// A position or a count as a histogram key.
+fn key_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// The most common entry of a histogram, ties to the smallest |offset|.
-fn most_common(offsets: &BTreeMap<i64, usize>) -> Option<(i64, usize)> {
+fn most_common(offsets: &Histogram) -> Option<(i64, usize)> {
     offsets
+        .to_map()
         .iter()
         .map(|(&o, &n)| (o, n))
         .max_by_key(|&(offset, n)| (n, -offset.abs(), -offset))
@@ -703,15 +713,22 @@ fn layer_patterns(layer: usize, sums: &LayerSums) -> LayerPatterns {
         .filter(|&(_, count)| n > 0.0 && count as f32 >= 0.5 * n)
         .map(|(offset, _)| offset);
     // judged rows that could see key k: those with more than k visible keys
-    let seeing = |key: usize| -> usize { sums.visible.range(key + 1..).map(|(_, n)| n).sum() };
+    let visible = sums.visible.to_map();
+    let seeing = |key: i64| -> usize {
+        visible
+            .range((Bound::Excluded(key), Bound::Unbounded))
+            .map(|(_, n)| n)
+            .sum()
+    };
     let mut vertical_columns: Vec<usize> = sums
         .columns
+        .to_map()
         .iter()
         .filter(|&(&key, &count)| {
             let could = seeing(key);
             could > 0 && could as f32 >= 0.5 * n && count as f32 >= COLUMN_SHARE * could as f32
         })
-        .map(|(&key, _)| key)
+        .filter_map(|(&key, _)| usize::try_from(key).ok())
         .collect();
     vertical_columns.sort_unstable();
     LayerPatterns {

@@ -4,6 +4,7 @@
 mod anomaly;
 pub mod attention;
 pub mod compare;
+mod histogram;
 mod pass;
 
 pub use anomaly::find_anomalies;
