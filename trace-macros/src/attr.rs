@@ -5,7 +5,8 @@
 //! parser keeps going after a bad argument so that one expansion reports every mistake at once.
 
 use crate::ast::{InlineMacro, Macro};
-use crate::valid::{Errors, QuantArgs};
+use crate::errors::Errors;
+use crate::valid::QuantArgs;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream, Parser as _};

@@ -13,7 +13,8 @@
 
 use crate::ast::{parse_fn, InlineMacro, Kind, Macro, MaybeFn, Output, Param, TracedFn};
 use crate::attr::{FnArgs, Inline, InlineInput};
-use crate::valid::{both, check_fn, QUANT_TYPES, RESERVED_STAGES};
+use crate::errors::both;
+use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned as _;

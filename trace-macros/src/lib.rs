@@ -12,6 +12,7 @@
 
 mod ast;
 mod attr;
+mod errors;
 mod expand;
 mod valid;
 

@@ -4,6 +4,7 @@
 
 use crate::ast::{output, param, FnParts, Macro, Output, Param};
 use crate::attr::{Inline, InlineInput, QuantAttrs};
+use crate::errors::{both, Errors};
 use proc_macro2::Span;
 use syn::spanned::Spanned as _;
 use syn::{ExprPath, Ident, LitStr};
@@ -19,39 +20,6 @@ pub(crate) const QUANT_TYPES: &[&str] = &[
 /// The stages that belong to the layer record itself (`Stage::is_layer_boundary` in the
 /// runtime), compared by `tests/macro_lists.rs` through `__reserved_stages!`.
 pub(crate) const RESERVED_STAGES: &[&str] = &["input", "output"];
-
-/// Collects errors so that one expansion reports all of them.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(first) => first.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub(crate) fn check<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|error| self.push(error)).ok()
-    }
-
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
-/// Both results, or every error of the two.
-pub(crate) fn both<A, B>(a: syn::Result<A>, b: syn::Result<B>) -> syn::Result<(A, B)> {
-    match (a, b) {
-        (Ok(a), Ok(b)) => Ok((a, b)),
-        (Err(error), Ok(_)) | (Ok(_), Err(error)) => Err(error),
-        (Err(mut first), Err(second)) => {
-            first.combine(second);
-            Err(first)
-        }
-    }
-}
 
 /// `#[trace_quant(...)]` with its `reference`.
 pub(crate) struct QuantArgs {
