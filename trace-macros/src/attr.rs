@@ -4,8 +4,8 @@
 //! Every key is a custom keyword so that a misspelt key is reported on its own token, and the
 //! parser keeps going after a bad argument so that one expansion reports every mistake at once.
 
-use crate::ast::{InlineMacro, Macro};
 use crate::errors::Errors;
+use crate::kind::{InlineMacro, Macro};
 use crate::valid::QuantArgs;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt as _;

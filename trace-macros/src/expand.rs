@@ -11,9 +11,10 @@
 //! followed by the recording of the output. Nothing is wrapped in a closure. The function also
 //! registers the lines it spans, from which the inline macros inside it learn its name.
 
-use crate::ast::{parse_fn, InlineMacro, Kind, Macro, MaybeFn, Output, Param, TracedFn};
+use crate::ast::{parse_fn, MaybeFn, Output, Param, TracedFn};
 use crate::attr::{FnArgs, Inline, InlineInput};
 use crate::errors::both;
+use crate::kind::{InlineMacro, Kind, Macro};
 use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};

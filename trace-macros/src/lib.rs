@@ -14,10 +14,11 @@ mod ast;
 mod attr;
 mod errors;
 mod expand;
+mod kind;
 mod valid;
 
-use ast::{InlineMacro, Macro};
 use expand::List;
+use kind::{InlineMacro, Macro};
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 

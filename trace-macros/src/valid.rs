@@ -2,9 +2,10 @@
 //! reserved stage names, and function shapes that cannot be traced. Every check reports on its
 //! own token.
 
-use crate::ast::{output, param, FnParts, Macro, Output, Param};
+use crate::ast::{output, param, FnParts, Output, Param};
 use crate::attr::{Inline, InlineInput, QuantAttrs};
 use crate::errors::{both, Errors};
+use crate::kind::Macro;
 use proc_macro2::Span;
 use syn::spanned::Spanned as _;
 use syn::{ExprPath, Ident, LitStr};
