@@ -3,10 +3,10 @@
 //! own token.
 
 use crate::ast::{output, param, FnParts, Output, Param};
-use crate::attr::{Inline, InlineInput, QuantAttrs};
+use crate::attr::{parse_args, FnArgs, Inline, InlineInput, QuantArgs, QuantAttrs};
 use crate::errors::{both, Errors};
 use crate::kind::Macro;
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned as _;
 use syn::{ExprPath, Ident, LitStr};
 
@@ -22,12 +22,24 @@ pub(crate) const QUANT_TYPES: &[&str] = &[
 /// runtime), compared by `tests/macro_lists.rs` through `__reserved_stages!`.
 pub(crate) const RESERVED_STAGES: &[&str] = &["input", "output"];
 
-/// `#[trace_quant(...)]` with its `reference`.
-pub(crate) struct QuantArgs {
-    pub(crate) reference: ExprPath,
-    /// A name of [`QUANT_TYPES`].
-    pub(crate) quant: Option<Ident>,
-    pub(crate) name: Option<LitStr>,
+impl FnArgs {
+    /// Parses the arguments of an attribute, `#[trace_layer(index = i, name = "block")]`, and
+    /// checks those of `#[trace_quant]`, which parsing alone cannot.
+    pub(crate) fn parse(mac: Macro, tokens: TokenStream) -> syn::Result<Self> {
+        let display = mac.display();
+        match mac {
+            Macro::Model => parse_args(display, tokens).map(FnArgs::Model),
+            Macro::Layer => parse_args(display, tokens).map(FnArgs::Layer),
+            Macro::Attention => parse_args(display, tokens).map(FnArgs::Attention),
+            Macro::Logits => parse_args(display, tokens).map(FnArgs::Logits),
+            Macro::KvCache => {
+                parse_args(display, tokens).map(|args| FnArgs::KvCache(Box::new(args)))
+            }
+            Macro::Quant => parse_args(display, tokens)
+                .and_then(QuantArgs::new)
+                .map(FnArgs::Quant),
+        }
+    }
 }
 
 impl QuantArgs {
