@@ -62,20 +62,7 @@ fn last_ident(tokens: TokenStream) -> Option<Span> {
 /// that does not parse is [`MaybeFn::Unparsed`].
 pub(crate) fn parse_fn(display: &str, item: &TokenStream) -> syn::Result<MaybeFn> {
     let (attrs, vis, rest) = fn_prefix.parse2(item.clone())?;
-    let not_a_fn = || {
-        let keyword = rest.clone().into_iter().next();
-        syn::Error::new(
-            keyword.map_or_else(Span::call_site, |token| token.span()),
-            format!("`{display}` can only be applied to a function with a body"),
-        )
-    };
-    let ends_in_body = match rest.clone().into_iter().last() {
-        Some(TokenTree::Group(body)) => body.delimiter() == Delimiter::Brace,
-        _ => false,
-    };
-    if !starts_fn(&rest) || !ends_in_body {
-        return Err(not_a_fn());
-    }
+    check_fn_with_body(display, &rest)?;
     let Ok((sig, body)) = signature_and_body.parse2(rest) else {
         return Ok(MaybeFn::Unparsed);
     };
@@ -102,6 +89,26 @@ fn fn_prefix(input: ParseStream) -> syn::Result<(Vec<Attribute>, Visibility, Tok
         input.parse()?,
         input.parse()?,
     ))
+}
+
+/// `rest`, what follows the attributes and the visibility, must be a function with a body; if
+/// not, the error is on its first token, the item's keyword.
+fn check_fn_with_body(display: &str, rest: &TokenStream) -> syn::Result<()> {
+    if starts_fn(rest) && ends_in_body(rest) {
+        return Ok(());
+    }
+    let keyword = rest.clone().into_iter().next();
+    Err(syn::Error::new(
+        keyword.map_or_else(Span::call_site, |token| token.span()),
+        format!("`{display}` can only be applied to a function with a body"),
+    ))
+}
+
+fn ends_in_body(tokens: &TokenStream) -> bool {
+    match tokens.clone().into_iter().last() {
+        Some(TokenTree::Group(body)) => body.delimiter() == Delimiter::Brace,
+        _ => false,
+    }
 }
 
 fn signature_and_body(input: ParseStream) -> syn::Result<(Signature, Group)> {
