@@ -1,5 +1,5 @@
 //! Step 2: the annotated function as the expansion sees it: its parts, which parameters can be
-//! probed, what it returns, and which macro was applied.
+//! probed, what it returns, and the arguments it was given.
 //!
 //! The body is read last and may fail to parse while the user is still typing it: then the
 //! item goes back to the compiler untouched, so that its own error is the only one.
@@ -13,129 +13,6 @@ use syn::{
     token, Attribute, Block, FnArg, Ident, Pat, ReturnType, Signature, Stmt, Token, Type,
     Visibility,
 };
-
-/// Declares an enum of unit variants with `ALL`, every variant in order.
-macro_rules! listed {
-    ($(#[$doc:meta])* $vis:vis enum $name:ident { $($variant:ident,)* }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-        $vis enum $name {
-            $($variant,)*
-        }
-
-        impl $name {
-            $vis const ALL: &'static [$name] = &[$($name::$variant,)*];
-        }
-    };
-}
-
-listed! {
-    /// One of the six attribute macros.
-    pub(crate) enum Macro {
-        Model,
-        Layer,
-        Attention,
-        Logits,
-        KvCache,
-        Quant,
-    }
-}
-
-listed! {
-    /// One of the three function-like macros.
-    pub(crate) enum InlineMacro {
-        Tensor,
-        AttentionValue,
-        LogitsValue,
-    }
-}
-
-/// The `TracepointKind` variant a callsite registers as.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Kind {
-    Model,
-    Layer,
-    Attention,
-    Logits,
-    KvCache,
-    Quant,
-    Tensor,
-}
-
-impl Kind {
-    /// The variant's name in the runtime.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kind::Model => "Model",
-            Kind::Layer => "Layer",
-            Kind::Attention => "Attention",
-            Kind::Logits => "Logits",
-            Kind::KvCache => "KvCache",
-            Kind::Quant => "Quant",
-            Kind::Tensor => "Tensor",
-        }
-    }
-
-    pub(crate) fn ident(self) -> Ident {
-        Ident::new(self.name(), Span::call_site())
-    }
-
-    /// Every kind that some macro registers, in the order of the macros.
-    pub(crate) fn registered() -> Vec<Kind> {
-        let mut kinds: Vec<Kind> = Vec::new();
-        let all = Macro::ALL.iter().map(|mac| mac.kind());
-        for kind in all.chain(InlineMacro::ALL.iter().map(|mac| mac.kind())) {
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
-        }
-        kinds
-    }
-}
-
-impl Macro {
-    /// How the user wrote it, for error messages.
-    pub(crate) fn display(self) -> &'static str {
-        match self {
-            Macro::Model => "#[trace_model]",
-            Macro::Layer => "#[trace_layer]",
-            Macro::Attention => "#[trace_attention]",
-            Macro::Logits => "#[trace_logits]",
-            Macro::KvCache => "#[trace_kv_cache]",
-            Macro::Quant => "#[trace_quant]",
-        }
-    }
-
-    pub(crate) fn kind(self) -> Kind {
-        match self {
-            Macro::Model => Kind::Model,
-            Macro::Layer => Kind::Layer,
-            Macro::Attention => Kind::Attention,
-            Macro::Logits => Kind::Logits,
-            Macro::KvCache => Kind::KvCache,
-            Macro::Quant => Kind::Quant,
-        }
-    }
-}
-
-impl InlineMacro {
-    /// How the user wrote it, for error messages.
-    pub(crate) fn display(self) -> &'static str {
-        match self {
-            InlineMacro::Tensor => "trace_tensor!",
-            InlineMacro::AttentionValue => "trace_attention_value!",
-            InlineMacro::LogitsValue => "trace_logits_value!",
-        }
-    }
-
-    pub(crate) fn kind(self) -> Kind {
-        match self {
-            InlineMacro::Tensor => Kind::Tensor,
-            InlineMacro::AttentionValue => Kind::Attention,
-            InlineMacro::LogitsValue => Kind::Logits,
-        }
-    }
-}
 
 /// The annotated item, as far as it parses.
 pub(crate) enum MaybeFn {
@@ -185,20 +62,7 @@ fn last_ident(tokens: TokenStream) -> Option<Span> {
 /// that does not parse is [`MaybeFn::Unparsed`].
 pub(crate) fn parse_fn(display: &str, item: &TokenStream) -> syn::Result<MaybeFn> {
     let (attrs, vis, rest) = fn_prefix.parse2(item.clone())?;
-    let not_a_fn = || {
-        let keyword = rest.clone().into_iter().next();
-        syn::Error::new(
-            keyword.map_or_else(Span::call_site, |token| token.span()),
-            format!("`{display}` can only be applied to a function with a body"),
-        )
-    };
-    let ends_in_body = match rest.clone().into_iter().last() {
-        Some(TokenTree::Group(body)) => body.delimiter() == Delimiter::Brace,
-        _ => false,
-    };
-    if !starts_fn(&rest) || !ends_in_body {
-        return Err(not_a_fn());
-    }
+    check_fn_with_body(display, &rest)?;
     let Ok((sig, body)) = signature_and_body.parse2(rest) else {
         return Ok(MaybeFn::Unparsed);
     };
@@ -225,6 +89,26 @@ fn fn_prefix(input: ParseStream) -> syn::Result<(Vec<Attribute>, Visibility, Tok
         input.parse()?,
         input.parse()?,
     ))
+}
+
+/// `rest`, what follows the attributes and the visibility, must be a function with a body; if
+/// not, the error is on its first token, the item's keyword.
+fn check_fn_with_body(display: &str, rest: &TokenStream) -> syn::Result<()> {
+    if starts_fn(rest) && ends_in_body(rest) {
+        return Ok(());
+    }
+    let keyword = rest.clone().into_iter().next();
+    Err(syn::Error::new(
+        keyword.map_or_else(Span::call_site, |token| token.span()),
+        format!("`{display}` can only be applied to a function with a body"),
+    ))
+}
+
+fn ends_in_body(tokens: &TokenStream) -> bool {
+    match tokens.clone().into_iter().last() {
+        Some(TokenTree::Group(body)) => body.delimiter() == Delimiter::Brace,
+        _ => false,
+    }
 }
 
 fn signature_and_body(input: ParseStream) -> syn::Result<(Signature, Group)> {

@@ -4,8 +4,8 @@
 //! Every key is a custom keyword so that a misspelt key is reported on its own token, and the
 //! parser keeps going after a bad argument so that one expansion reports every mistake at once.
 
-use crate::ast::{InlineMacro, Macro};
-use crate::valid::{Errors, QuantArgs};
+use crate::errors::Errors;
+use crate::kind::{InlineMacro, Macro};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream, Parser as _};
@@ -102,6 +102,14 @@ arguments! {
     }
 }
 
+/// `#[trace_quant(...)]` with its `reference`: [`QuantAttrs`] once `valid.rs` has checked it.
+pub(crate) struct QuantArgs {
+    pub(crate) reference: ExprPath,
+    /// A name of `valid::QUANT_TYPES`.
+    pub(crate) quant: Option<Ident>,
+    pub(crate) name: Option<LitStr>,
+}
+
 /// `trace_tensor!` takes none.
 #[derive(Default)]
 pub(crate) struct NoArgs {}
@@ -185,7 +193,8 @@ impl Value for QuantVariant {
     }
 }
 
-/// What an attribute macro was given, one variant per macro.
+/// What an attribute macro was given, one variant per macro; `FnArgs::parse` in `valid.rs`
+/// builds it, as `#[trace_quant]`'s arguments are checked on the way.
 pub(crate) enum FnArgs {
     Model(ModelArgs),
     Layer(LayerArgs),
@@ -196,23 +205,6 @@ pub(crate) enum FnArgs {
 }
 
 impl FnArgs {
-    /// Parses the arguments of an attribute: `#[trace_layer(index = i, name = "block")]`.
-    pub(crate) fn parse(mac: Macro, tokens: TokenStream) -> syn::Result<Self> {
-        let display = mac.display();
-        match mac {
-            Macro::Model => parse_args(display, tokens).map(FnArgs::Model),
-            Macro::Layer => parse_args(display, tokens).map(FnArgs::Layer),
-            Macro::Attention => parse_args(display, tokens).map(FnArgs::Attention),
-            Macro::Logits => parse_args(display, tokens).map(FnArgs::Logits),
-            Macro::KvCache => {
-                parse_args(display, tokens).map(|args| FnArgs::KvCache(Box::new(args)))
-            }
-            Macro::Quant => parse_args(display, tokens)
-                .and_then(QuantArgs::new)
-                .map(FnArgs::Quant),
-        }
-    }
-
     pub(crate) fn mac(&self) -> Macro {
         match self {
             FnArgs::Model(_) => Macro::Model,
@@ -236,7 +228,7 @@ impl FnArgs {
     }
 }
 
-fn parse_args<A: Arguments>(display: &str, tokens: TokenStream) -> syn::Result<A> {
+pub(crate) fn parse_args<A: Arguments>(display: &str, tokens: TokenStream) -> syn::Result<A> {
     (|input: ParseStream| parse_list(display, input)).parse2(tokens)
 }
 

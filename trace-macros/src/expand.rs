@@ -11,9 +11,11 @@
 //! followed by the recording of the output. Nothing is wrapped in a closure. The function also
 //! registers the lines it spans, from which the inline macros inside it learn its name.
 
-use crate::ast::{parse_fn, InlineMacro, Kind, Macro, MaybeFn, Output, Param, TracedFn};
-use crate::attr::{FnArgs, Inline, InlineInput};
-use crate::valid::{both, check_fn, QUANT_TYPES, RESERVED_STAGES};
+use crate::ast::{parse_fn, MaybeFn, Output, Param, TracedFn};
+use crate::attr::{FnArgs, Inline, InlineInput, KvCacheArgs};
+use crate::errors::both;
+use crate::kind::{InlineMacro, Kind, Macro};
+use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned as _;
@@ -357,7 +359,7 @@ fn record_output(record: &str, layer: Option<&Expr>) -> TokenStream {
     }
 }
 
-fn kv_cache_step(args: &crate::attr::KvCacheArgs, has_output: bool) -> TokenStream {
+fn kv_cache_step(args: &KvCacheArgs, has_output: bool) -> TokenStream {
     let layer = Conversion::Layer.option(args.layer.as_ref());
     let len = Conversion::Len.option(args.len.as_ref());
     let capacity = Conversion::Capacity.option(args.capacity.as_ref());

@@ -6,17 +6,23 @@
 //! code. The first three run in both builds, so a mistake is a compile error in both; without the
 //! `enabled` feature, `expand` returns the function as written, its arguments type-checked in a
 //! closure that is never called.
+//!
+//! Imports run one way, down that list: `attr` imports none of the steps, `ast` only `attr`,
+//! `valid` `attr` and `ast`, `expand` all of them. Below the steps, `kind` names the macro being
+//! expanded and `errors` collects every mistake of one invocation.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod ast;
 mod attr;
+mod errors;
 mod expand;
+mod kind;
 mod valid;
 
-use ast::{InlineMacro, Macro};
 use expand::List;
+use kind::{InlineMacro, Macro};
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 

@@ -2,9 +2,11 @@
 //! reserved stage names, and function shapes that cannot be traced. Every check reports on its
 //! own token.
 
-use crate::ast::{output, param, FnParts, Macro, Output, Param};
-use crate::attr::{Inline, InlineInput, QuantAttrs};
-use proc_macro2::Span;
+use crate::ast::{output, param, FnParts, Output, Param};
+use crate::attr::{parse_args, FnArgs, Inline, InlineInput, QuantArgs, QuantAttrs};
+use crate::errors::{both, Errors};
+use crate::kind::Macro;
+use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned as _;
 use syn::{ExprPath, Ident, LitStr};
 
@@ -20,45 +22,24 @@ pub(crate) const QUANT_TYPES: &[&str] = &[
 /// runtime), compared by `tests/macro_lists.rs` through `__reserved_stages!`.
 pub(crate) const RESERVED_STAGES: &[&str] = &["input", "output"];
 
-/// Collects errors so that one expansion reports all of them.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(first) => first.combine(error),
-            None => self.0 = Some(error),
+impl FnArgs {
+    /// Parses the arguments of an attribute, `#[trace_layer(index = i, name = "block")]`, and
+    /// checks those of `#[trace_quant]`, which parsing alone cannot.
+    pub(crate) fn parse(mac: Macro, tokens: TokenStream) -> syn::Result<Self> {
+        let display = mac.display();
+        match mac {
+            Macro::Model => parse_args(display, tokens).map(FnArgs::Model),
+            Macro::Layer => parse_args(display, tokens).map(FnArgs::Layer),
+            Macro::Attention => parse_args(display, tokens).map(FnArgs::Attention),
+            Macro::Logits => parse_args(display, tokens).map(FnArgs::Logits),
+            Macro::KvCache => {
+                parse_args(display, tokens).map(|args| FnArgs::KvCache(Box::new(args)))
+            }
+            Macro::Quant => parse_args(display, tokens)
+                .and_then(QuantArgs::new)
+                .map(FnArgs::Quant),
         }
     }
-
-    pub(crate) fn check<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|error| self.push(error)).ok()
-    }
-
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
-/// Both results, or every error of the two.
-pub(crate) fn both<A, B>(a: syn::Result<A>, b: syn::Result<B>) -> syn::Result<(A, B)> {
-    match (a, b) {
-        (Ok(a), Ok(b)) => Ok((a, b)),
-        (Err(error), Ok(_)) | (Ok(_), Err(error)) => Err(error),
-        (Err(mut first), Err(second)) => {
-            first.combine(second);
-            Err(first)
-        }
-    }
-}
-
-/// `#[trace_quant(...)]` with its `reference`.
-pub(crate) struct QuantArgs {
-    pub(crate) reference: ExprPath,
-    /// A name of [`QUANT_TYPES`].
-    pub(crate) quant: Option<Ident>,
-    pub(crate) name: Option<LitStr>,
 }
 
 impl QuantArgs {
