@@ -1,11 +1,11 @@
 //! Runtime of `model-trace`. Use it through the `model-trace` crate, which re-exports all of it.
 //!
-//! The folders follow the data, and every import runs down this list. On the ground floor, the
-//! vocabulary every other folder speaks: `tracepoint` (what each annotation registers, listed
+//! The folders follow the data, and each imports only those named before it here. On the
+//! ground floor, the vocabulary every other folder speaks: `tracepoint` (what each annotation registers, listed
 //! by [`tracepoints()`]), `select` (the filters that choose tracepoints, [`TraceFilter`] and
 //! [`CaptureFilter`]), `config` ([`ModelTracerConfig`]) and `float` (how values are written).
-//! Then annotated code reads user tensors through [`TraceTensor`] (`tensor`), reduces them
-//! ([`TensorStats`]: `stats`) and summarises them (fingerprint and sketch: `summary`) into the
+//! Then `stats` reduces values ([`TensorStats`]), `tensor` reads user tensors through
+//! [`TraceTensor`], and `summary` adds fingerprints and sketches; they make up the
 //! records and events of `record`; `analysis` holds what is computed over records (the anomaly
 //! rules, attention heads, comparing runs); `format` reads trace files back and writes captured
 //! tensors; `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
