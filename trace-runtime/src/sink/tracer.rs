@@ -326,7 +326,9 @@ impl ModelTracer {
         &self.attention_traces
     }
 
-    /// Logit traces, one per forward pass (and batch row) that recorded logits.
+    /// Logit traces, one per forward pass (and batch row) that recorded logits with a token to
+    /// follow: without `tracked_tokens`, a pass whose final logits are all NaN ranks no token and
+    /// has none (its anomaly says so).
     pub fn logit_traces(&self) -> &[LogitEvolutionTrace] {
         &self.logit_traces
     }
