@@ -44,7 +44,7 @@ use crate::sink::{SinkError, TraceSink};
 /// default); past it, new records are counted but not kept. [`summary`](Self::summary) covers
 /// every record, kept or not, and says how many were not kept; a trace file keeps everything.
 /// The limit is an estimate, not a measurement: SmolLM2's decode worker with the lightweight
-/// tracer and the default 16 MiB peaks 20.9 MiB above the untraced build after 1,000 tokens,
+/// tracer and the default 16 MiB peaks 20.4 MiB above the untraced build after 1,000 tokens,
 /// allocator slack and the per-pass totals included (`bench_decode --memory`). Long runs
 /// that must keep everything belong in a trace file.
 ///
