@@ -4,54 +4,58 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Why something was not recorded, or, for the warnings ([`is_warning`](Self::is_warning)), why
-/// what was recorded is probably not what was meant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecordErrorKind {
+/// Declares [`RecordErrorKind`], `ALL` and each kind's name in traces from one table.
+macro_rules! record_error_kinds {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// Why something was not recorded, or, for the warnings ([`is_warning`](Self::is_warning)),
+        /// why what was recorded is probably not what was meant.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum RecordErrorKind {
+            $($(#[$doc])* #[serde(rename = $name)] $variant,)*
+        }
+
+        impl RecordErrorKind {
+            /// Every kind.
+            pub const ALL: &'static [RecordErrorKind] = &[$(Self::$variant,)*];
+
+            /// The lowercase name written in traces.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+record_error_kinds! {
     /// The value handed to a tracepoint is not a tensor (nor an `Ok`/`Some` of one).
-    NotATensor,
+    NotATensor = "not_a_tensor",
     /// A stage recorded outside any `#[trace_layer]`: there is no layer for it to join.
-    OutsideLayer,
+    OutsideLayer = "outside_layer",
     /// The tensor's shape is not what the tracepoint reads (attention without a key dimension,
     /// a shape that does not match the data, logits that are a scalar).
-    Shape,
+    Shape = "shape",
     /// The tensor backend could not hand out the values (a device or conversion error).
-    Read,
+    Read = "read",
     /// A quantized output and its reference differ in length.
-    Mismatch,
+    Mismatch = "mismatch",
     /// The session's configuration: an invalid `MODEL_TRACE`, `MODEL_TRACE_OUT` or
     /// `MODEL_TRACE_CAPTURE`.
-    Config,
+    Config = "config",
     /// A sink failed (a trace file that could not be written) and was stopped.
-    Sink,
+    Sink = "sink",
     /// Full tensors could not be saved.
-    Capture,
+    Capture = "capture",
     /// Warning: layers or logits were recorded outside any `#[trace_model]` function, so they
     /// were counted as one implicit pass (once per session).
-    ImplicitPass,
+    ImplicitPass = "implicit_pass",
     /// Warning: a filter pattern matches none of the program's tracepoints (when the session
     /// starts).
-    UnmatchedPattern,
+    UnmatchedPattern = "unmatched_pattern",
 }
 
 impl RecordErrorKind {
-    /// The lowercase name written in traces.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotATensor => "not_a_tensor",
-            Self::OutsideLayer => "outside_layer",
-            Self::Shape => "shape",
-            Self::Read => "read",
-            Self::Mismatch => "mismatch",
-            Self::Config => "config",
-            Self::Sink => "sink",
-            Self::Capture => "capture",
-            Self::ImplicitPass => "implicit_pass",
-            Self::UnmatchedPattern => "unmatched_pattern",
-        }
-    }
-
     /// Whether this is a warning rather than an error: nothing was lost, but the records are
     /// probably not what was meant. A session prints each warning on stderr when it first
     /// happens and lists them in [`Session::warnings`](crate::Session::warnings), apart from
@@ -64,5 +68,22 @@ impl RecordErrorKind {
 impl fmt::Display for RecordErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_what_serde_writes() {
+        for &kind in RecordErrorKind::ALL {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+            assert_eq!(
+                serde_json::from_str::<RecordErrorKind>(&json).unwrap(),
+                kind
+            );
+        }
     }
 }
