@@ -269,6 +269,46 @@ mod enabled {
     }
 
     #[test]
+    fn each_rank_writes_its_own_file_and_says_so() {
+        let dir = scratch_dir("ranks");
+        let asked = dir.join("run.ndjson");
+        let files: Vec<_> = (0..2)
+            .map(|rank| {
+                let session = Session::builder(ModelTracerConfig::lightweight())
+                    .trace_file(&asked)
+                    .rank(rank, 2)
+                    .run("launch-1")
+                    .start()
+                    .expect("starts");
+                let file = session.trace_file().expect("a file").to_path_buf();
+                Model::new(2).generate(1);
+                drop(session.finish());
+                file
+            })
+            .collect();
+        assert_eq!(
+            files,
+            [dir.join("run.rank0.ndjson"), dir.join("run.rank1.ndjson")]
+        );
+        for (rank, file) in files.iter().enumerate() {
+            let (header, events) = read_all(file);
+            assert_eq!((header.rank, header.world_size), (Some(rank), Some(2)));
+            assert_eq!(header.run, "launch-1");
+            assert!(events.iter().any(|e| e.kind_name() == "layer"));
+        }
+        // Without a rank, the header says none, and the run is the process's.
+        let session = Session::builder(ModelTracerConfig::lightweight())
+            .trace_file(dir.join("plain.ndjson"))
+            .start()
+            .expect("starts");
+        let file = session.trace_file().expect("a file").to_path_buf();
+        drop(session.finish());
+        let (header, _) = read_all(&file);
+        assert_eq!((header.rank, header.world_size), (None, None));
+        assert!(!header.run.is_empty());
+    }
+
+    #[test]
     fn timing_nests_layers_inside_their_pass() {
         let dir = scratch_dir("timing");
         let path = dir.join("run.ndjson");

@@ -11,5 +11,5 @@ mod reader;
 pub use atomic::write_atomically;
 pub(crate) use capture::CaptureWriter;
 pub use capture::{read_capture, CaptureError, DEFAULT_CAPTURE_CHUNK_BYTES};
-pub(crate) use naming::claim_path;
+pub(crate) use naming::{claim_path, ranked};
 pub use reader::{ReadError, TraceReader};

@@ -29,12 +29,24 @@ pub(crate) fn claim_path(requested: &Path) -> PathBuf {
 
 /// `dir/stem.n.ext`.
 fn numbered(path: &Path, n: usize) -> PathBuf {
+    with_infix(path, &n.to_string())
+}
+
+/// The file of rank `rank` for a session that asks for `requested`: `stem.rank{rank}.ext`
+/// (`stem.rank{rank}` when the name has no extension), so the ranks of one run never share a
+/// file, wherever they run.
+pub(crate) fn ranked(requested: &Path, rank: usize) -> PathBuf {
+    with_infix(requested, &format!("rank{rank}"))
+}
+
+/// `dir/stem.infix.ext`.
+fn with_infix(path: &Path, infix: &str) -> PathBuf {
     let stem = path
         .file_stem()
         .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
     let name = match path.extension() {
-        Some(ext) => format!("{stem}.{n}.{}", ext.to_string_lossy()),
-        None => format!("{stem}.{n}"),
+        Some(ext) => format!("{stem}.{infix}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{infix}"),
     };
     path.with_file_name(name)
 }
@@ -52,5 +64,14 @@ mod tests {
         assert_eq!(claim_path(&path), dir.join("run.2.ndjson"));
         assert_eq!(claim_path(&dir.join("other")), dir.join("other"));
         assert_eq!(claim_path(&dir.join("other")), dir.join("other.1"));
+    }
+
+    #[test]
+    fn ranks_get_their_own_names() {
+        assert_eq!(
+            ranked(Path::new("out/run.ndjson"), 3),
+            Path::new("out/run.rank3.ndjson")
+        );
+        assert_eq!(ranked(Path::new("run"), 0), Path::new("run.rank0"));
     }
 }

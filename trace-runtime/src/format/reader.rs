@@ -360,5 +360,8 @@ fn placeholder_header() -> TraceHeader {
         capture: String::new(),
         tracepoints: Vec::new(),
         metadata: crate::RunMetadata::default(),
+        run: String::new(),
+        rank: None,
+        world_size: None,
     }
 }

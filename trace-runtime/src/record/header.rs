@@ -42,6 +42,18 @@ pub struct TraceHeader {
     pub tracepoints: Vec<TracepointInfo>,
     /// What the user said about the run.
     pub metadata: RunMetadata,
+    /// The launch the session belongs to, shared by the ranks of one run: `MODEL_TRACE_RUN`
+    /// (read with the rank from the environment, or with the builder's `from_env`), else an id
+    /// made once per process. Empty in files written before it existed.
+    #[serde(default)]
+    pub run: String,
+    /// The session's rank among `world_size` ranks (tensor- or pipeline-parallel), if it has
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<usize>,
+    /// How many ranks the run has; set with `rank`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
 }
 
 /// The thread of a session.

@@ -80,6 +80,9 @@ pub const FILTER_ENV_VAR: &str = "MODEL_TRACE";
 pub const OUT_ENV_VAR: &str = "MODEL_TRACE_OUT";
 /// The environment variable that [`Session::start`] reads as a [`CaptureFilter`].
 pub const CAPTURE_ENV_VAR: &str = "MODEL_TRACE_CAPTURE";
+/// The environment variable that names the run a session belongs to (see
+/// [`SessionBuilder::run`]).
+pub const RUN_ENV_VAR: &str = "MODEL_TRACE_RUN";
 
 /// Tracing on the current thread, from [`Session::start`] to [`Session::finish`].
 ///
@@ -117,6 +120,8 @@ pub enum SessionError {
     },
     /// Tensors are to be captured, but there is no trace file to put them beside.
     CaptureWithoutFile,
+    /// The rank (given, or from `RANK` and `WORLD_SIZE`) cannot be used; says why.
+    Rank(String),
 }
 
 impl fmt::Display for SessionError {
@@ -135,6 +140,7 @@ impl fmt::Display for SessionError {
                 "tensors are to be captured but no trace file is written \
                  (set MODEL_TRACE_OUT or SessionBuilder::trace_file)",
             ),
+            Self::Rank(reason) => write!(f, "rank: {reason}"),
         }
     }
 }
@@ -144,7 +150,7 @@ impl std::error::Error for SessionError {
         match self {
             Self::Filter(error) | Self::Capture(error) => Some(error),
             Self::CreateFile { source, .. } => Some(source),
-            Self::CaptureWithoutFile => None,
+            Self::CaptureWithoutFile | Self::Rank(_) => None,
         }
     }
 }
@@ -198,6 +204,8 @@ impl Session {
             keep_in_memory: None,
             sinks: Vec::new(),
             from_env: false,
+            rank: RankSetting::None,
+            run: None,
         }
     }
 
@@ -364,6 +372,16 @@ pub struct SessionBuilder {
     keep_in_memory: Option<bool>,
     sinks: Vec<Box<dyn TraceSink>>,
     from_env: bool,
+    rank: RankSetting,
+    run: Option<String>,
+}
+
+/// Where a session's rank comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RankSetting {
+    None,
+    Given { rank: usize, world_size: usize },
+    FromEnv,
 }
 
 impl fmt::Debug for SessionBuilder {
@@ -429,6 +447,50 @@ impl SessionBuilder {
     /// [`ModelTracer::from_events`]), or ask for them here with `in_memory(true)`.
     pub fn in_memory(mut self, keep: bool) -> Self {
         self.keep_in_memory = Some(keep);
+        self
+    }
+
+    /// This session's rank in a run of `world_size` ranks, for a model served tensor- or
+    /// pipeline-parallel, where each rank records on its own thread or process. The header
+    /// says it (`rank`, `world_size`, and the `run` they share), and a trace file asked for as
+    /// `STEM.EXT` is written as `STEM.rank{rank}.EXT`, so the ranks never share a file. A rank
+    /// not below `world_size` is an error when the session starts.
+    ///
+    /// ```
+    /// # use trace_runtime as model_trace;
+    /// use model_trace::{ModelTracerConfig, Session};
+    /// # let dir = std::env::temp_dir().join(format!("rank-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let session = Session::builder(ModelTracerConfig::lightweight())
+    ///     .trace_file(dir.join("run.ndjson"))
+    ///     .rank(1, 2)
+    ///     .start()?;
+    /// # if model_trace::ENABLED {
+    /// assert_eq!(session.trace_file(), Some(dir.join("run.rank1.ndjson").as_path()));
+    /// # }
+    /// # drop(session);
+    /// # Ok::<(), model_trace::SessionError>(())
+    /// ```
+    pub fn rank(mut self, rank: usize, world_size: usize) -> Self {
+        self.rank = RankSetting::Given { rank, world_size };
+        self
+    }
+
+    /// The rank from `RANK` and `WORLD_SIZE`, as distributed launchers set them, and the run
+    /// from `MODEL_TRACE_RUN`: see [`rank`](Self::rank). Neither variable set: no rank. One
+    /// without the other, a value that is not a number, or a rank not below the world size is
+    /// an error when the session starts.
+    pub fn rank_from_env(mut self) -> Self {
+        self.rank = RankSetting::FromEnv;
+        self
+    }
+
+    /// The run this session belongs to, for the header: an id that the ranks of one launch
+    /// share. Default: `MODEL_TRACE_RUN` when the environment is read ([`from_env`](Self::from_env)
+    /// or [`rank_from_env`](Self::rank_from_env)), else an id made once per process, which
+    /// the sessions of one process share.
+    pub fn run(mut self, run: impl Into<String>) -> Self {
+        self.run = Some(run.into());
         self
     }
 
@@ -538,6 +600,14 @@ impl SessionBuilder {
         if !cfg!(feature = "enabled") {
             return Ok(Session::disabled(self.config));
         }
+        let rank = match self.resolve_rank() {
+            Ok(rank) => rank,
+            Err(error) => {
+                let origin = (self.rank == RankSetting::FromEnv).then_some("RANK and WORLD_SIZE");
+                refuse(error, origin, "going on without a rank")?;
+                None
+            }
+        };
         let (capture_text, capture_from_env) = self.setting(&self.capture, CAPTURE_ENV_VAR);
         let capture = match capture_text
             .as_deref()
@@ -558,7 +628,11 @@ impl SessionBuilder {
         let mut trace_file = None;
         let mut capture_writer = None;
         if let Some(requested) = file_text.filter(|path| !path.is_empty()) {
-            let path = format::claim_path(Path::new(&requested));
+            let requested = Path::new(&requested);
+            let path = format::claim_path(&match rank {
+                Some((rank, _)) => format::ranked(requested, rank),
+                None => requested.to_path_buf(),
+            });
             match TraceFileSink::create(&path) {
                 Ok(sink) => {
                     if let Some(filter) = &capture {
@@ -599,7 +673,7 @@ impl SessionBuilder {
                 ),
             ));
         }
-        let header = self.header(&filter, capture.as_ref());
+        let header = self.header(&filter, capture.as_ref(), rank);
         let setup = SessionSetup {
             config: self.config,
             filter,
@@ -640,7 +714,50 @@ impl SessionBuilder {
         }
     }
 
-    fn header(&self, filter: &TraceFilter, capture: Option<&CaptureFilter>) -> TraceHeader {
+    /// The rank and world size the builder was given or the environment says.
+    fn resolve_rank(&self) -> Result<Option<(usize, usize)>, SessionError> {
+        let (rank, world_size) = match self.rank {
+            RankSetting::None => return Ok(None),
+            RankSetting::Given { rank, world_size } => (rank, world_size),
+            RankSetting::FromEnv => {
+                let var = |name: &str| std::env::var(name).ok();
+                match rank_from_vars(var("RANK").as_deref(), var("WORLD_SIZE").as_deref())
+                    .map_err(SessionError::Rank)?
+                {
+                    Some(pair) => pair,
+                    None => return Ok(None),
+                }
+            }
+        };
+        if rank >= world_size {
+            return Err(SessionError::Rank(format!(
+                "rank {rank} is not below the world size {world_size}"
+            )));
+        }
+        Ok(Some((rank, world_size)))
+    }
+
+    /// The run the header names: given, else `MODEL_TRACE_RUN` when the environment is read,
+    /// else the process's own id.
+    fn run_id(&self) -> String {
+        let reads_env = self.from_env || self.rank == RankSetting::FromEnv;
+        self.run
+            .clone()
+            .or_else(|| {
+                reads_env
+                    .then(|| std::env::var(RUN_ENV_VAR).ok())
+                    .flatten()
+                    .filter(|run| !run.is_empty())
+            })
+            .unwrap_or_else(process_run_id)
+    }
+
+    fn header(
+        &self,
+        filter: &TraceFilter,
+        capture: Option<&CaptureFilter>,
+        rank: Option<(usize, usize)>,
+    ) -> TraceHeader {
         static SESSIONS: AtomicU64 = AtomicU64::new(1);
         TraceHeader {
             format: FORMAT_NAME.to_owned(),
@@ -658,6 +775,9 @@ impl SessionBuilder {
             capture: capture.map(ToString::to_string).unwrap_or_default(),
             tracepoints: TracepointInfo::all(),
             metadata: self.metadata.clone(),
+            run: self.run_id(),
+            rank: rank.map(|(rank, _)| rank),
+            world_size: rank.map(|(_, world_size)| world_size),
         }
     }
 }
@@ -674,5 +794,72 @@ impl Session {
             config,
             _not_send: PhantomData,
         }
+    }
+}
+
+/// `RANK` and `WORLD_SIZE` as a launcher sets them: both or neither.
+fn rank_from_vars(
+    rank: Option<&str>,
+    world_size: Option<&str>,
+) -> Result<Option<(usize, usize)>, String> {
+    let number = |name: &str, value: &str| {
+        value
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{name}={value:?} is not a number"))
+    };
+    match (rank, world_size) {
+        (None, None) => Ok(None),
+        (Some(rank), Some(world_size)) => Ok(Some((
+            number("RANK", rank)?,
+            number("WORLD_SIZE", world_size)?,
+        ))),
+        (Some(_), None) => {
+            Err("RANK is set but WORLD_SIZE is not (set both or neither)".to_owned())
+        }
+        (None, Some(_)) => {
+            Err("WORLD_SIZE is set but RANK is not (set both or neither)".to_owned())
+        }
+    }
+}
+
+/// This process's run id: the wall-clock time of its first session and its process id.
+fn process_run_id() -> String {
+    format!("{:x}-{}", clock::epoch_unix_ns(), std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_and_world_size_come_together_as_numbers() {
+        assert_eq!(rank_from_vars(None, None), Ok(None));
+        assert_eq!(rank_from_vars(Some("1"), Some(" 4 ")), Ok(Some((1, 4))));
+        let only_rank = rank_from_vars(Some("1"), None).unwrap_err();
+        assert!(only_rank.contains("WORLD_SIZE is not"), "{only_rank}");
+        let only_world = rank_from_vars(None, Some("2")).unwrap_err();
+        assert!(only_world.contains("RANK is not"), "{only_world}");
+        let bad = rank_from_vars(Some("one"), Some("2")).unwrap_err();
+        assert_eq!(bad, "RANK=\"one\" is not a number");
+    }
+
+    #[test]
+    fn a_rank_must_be_below_the_world_size() {
+        let builder = Session::builder(ModelTracerConfig::lightweight()).rank(2, 2);
+        let error = builder.resolve_rank().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "rank: rank 2 is not below the world size 2"
+        );
+        let builder = Session::builder(ModelTracerConfig::lightweight()).rank(1, 2);
+        assert_eq!(builder.resolve_rank().unwrap(), Some((1, 2)));
+    }
+
+    #[test]
+    fn sessions_of_one_process_share_a_run_unless_given_one() {
+        let builder = || Session::builder(ModelTracerConfig::lightweight());
+        assert_eq!(builder().run_id(), builder().run_id());
+        assert_eq!(builder().run("launch-7").run_id(), "launch-7");
     }
 }
