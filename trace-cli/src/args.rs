@@ -47,14 +47,18 @@ impl ColorChoice {
 pub(crate) enum Command {
     /// The header, tracepoints, passes and events of a trace.
     List {
-        /// The trace file.
-        file: PathBuf,
+        /// The trace file; or the rank files of one run, several files, a directory of them
+        /// or the path the run was asked to write (`trace.ndjson` for `trace.rank0.ndjson`,
+        /// ...), merged pass by pass.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
     },
     /// The tracer's summary (anomalies, what the attention heads do, KV cache, quantization)
     /// and a per-layer table of the layers' outputs, times and heads.
     Summary {
-        /// The trace file.
-        file: PathBuf,
+        /// The trace file, or the rank files of one run (as for `list`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
         /// Write the summary as JSON on stdout (header, tracer summary with the attention
         /// analysis, per-layer table).
         #[arg(long)]
@@ -70,7 +74,9 @@ pub(crate) enum Command {
     /// A timeline in the Chrome trace event format, for Perfetto (ui.perfetto.dev) or
     /// chrome://tracing: passes and layers as nested spans per thread, anomalies as instants.
     Chrome {
-        /// Trace files; sessions of one process (one file per thread) share a timeline.
+        /// Trace files, or directories of them, or the path a run of several ranks was asked
+        /// to write; every session is on one timeline, ranks and threads as tracks of their
+        /// processes.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// The JSON file to write.
@@ -82,9 +88,11 @@ pub(crate) enum Command {
 /// Options of `diff`.
 #[derive(Debug, Args)]
 pub(crate) struct DiffArgs {
-    /// The reference trace (for example written by PyTorch through the Python package).
+    /// The reference trace (for example written by PyTorch through the Python package): a
+    /// file, or the ranks of a run (a directory of its files, or the path it was asked to
+    /// write: `trace.ndjson` for `trace.rank0.ndjson`, ...), merged pass by pass.
     pub(crate) reference: PathBuf,
-    /// The trace compared with it.
+    /// The trace compared with it (a file or a run, likewise).
     pub(crate) other: PathBuf,
     #[command(flatten)]
     pub(crate) compare: CompareArgs,
@@ -100,12 +108,13 @@ pub(crate) struct DiffArgs {
 /// Options of `report`.
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// The trace file.
-    pub(crate) file: PathBuf,
+    /// The trace file, or the rank files of one run (as for `list`).
+    #[arg(required = true)]
+    pub(crate) files: Vec<PathBuf>,
     /// A reference trace to compare with (as `diff REF FILE` would).
     #[arg(long, value_name = "REF")]
     pub(crate) against: Option<PathBuf>,
-    /// The page to write (default: FILE with the extension .html).
+    /// The page to write (default: the first FILE with the extension .html).
     #[arg(short, long, value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
     #[command(flatten)]

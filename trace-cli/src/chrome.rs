@@ -46,6 +46,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use trace_runtime::{Anomaly, Event, LayerEvent, RunMetadata, TensorStats, TraceHeader};
 
+use crate::input::TraceRun;
 use crate::load::{self, InputError};
 use crate::outcome::Outcome;
 use event::{AnomalyArgs, Args, CounterValue, Float, LayerArgs, PassArgs, Phase, TraceEvent};
@@ -59,13 +60,17 @@ const CUT_SHORT: &str = "the file ends inside this pass; shown ending with its l
 
 /// Converts `files` into one timeline written to `output`, and says so in one line.
 pub(crate) fn run(files: &[PathBuf], output: &Path) -> Result<Outcome, InputError> {
-    let sessions = files
+    let mut paths = Vec::new();
+    for path in files {
+        paths.extend(crate::input::files(path)?);
+    }
+    let sessions = paths
         .iter()
         .map(|path| SessionTrace::read(path))
         .collect::<Result<Vec<_>, _>>()?;
     let timeline = Timeline::new(&sessions);
     crate::output::write_file(output, |out| timeline.write(out, &sessions))?;
-    for cut in sessions.iter().filter_map(|s| s.truncated.as_deref()) {
+    for cut in sessions.iter().flat_map(|s| &s.truncated) {
         eprintln!("model-trace: note: {cut}");
     }
     crate::output::emit(&format!(
@@ -93,7 +98,7 @@ struct SessionTrace {
     /// The worst (smallest) finite cosine similarity of each pass's quantization records.
     worst_cosine: BTreeMap<usize, f32>,
     /// The note about a cut last line.
-    truncated: Option<String>,
+    truncated: Vec<String>,
 }
 
 /// A pass as its begin and end events tell it.
@@ -133,7 +138,8 @@ impl SessionTrace {
         let mut cache_bytes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
         let mut kv_bytes = BTreeMap::new();
         let mut worst_cosine: BTreeMap<usize, f32> = BTreeMap::new();
-        let (header, notes) = load::read(path, |_, event| match event {
+        let run = TraceRun::open(&[path.to_path_buf()])?;
+        let notes = load::read(&run, |_, event| match event {
             Event::PassBegin(begin) => {
                 let record = PassRecord {
                     position: begin.position,
@@ -171,7 +177,7 @@ impl SessionTrace {
         })?;
         Ok(Self {
             path: path.to_owned(),
-            header,
+            header: run.header().clone(),
             names,
             passes,
             layers,
@@ -260,7 +266,7 @@ impl SessionTrace {
 
     /// `cut_short` of the metadata: the cut line, or a missing end.
     fn cut_short(&self) -> Option<Cow<'_, str>> {
-        if let Some(cut) = &self.truncated {
+        if let Some(cut) = self.truncated.first() {
             return Some(Cow::Borrowed(cut));
         }
         let open = self.passes.values().filter(|p| p.end.is_none()).count();
@@ -680,13 +686,17 @@ fn thread_ids(sessions: &[SessionTrace]) -> Vec<u64> {
         .collect()
 }
 
-/// The thread's name, else `thread N`.
+/// The thread's name, else `thread N`; `rank R: ` before it for a rank of a run.
 fn thread_label(header: &TraceHeader) -> String {
-    header
+    let thread = header
         .thread
         .name
         .clone()
-        .unwrap_or_else(|| format!("thread {}", header.thread.id))
+        .unwrap_or_else(|| format!("thread {}", header.thread.id));
+    match header.rank {
+        Some(rank) => format!("rank {rank}: {thread}"),
+        None => thread,
+    }
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {

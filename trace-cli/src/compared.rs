@@ -1,116 +1,386 @@
 //! Two traces read and compared, and what that comparison reports (as text or JSON): what
 //! `diff` prints, and what `report --against` puts on its page.
+//!
+//! The comparison streams: each trace is read on a thread of its own (the ranks of a run
+//! merged pass by pass), each pass's tensors are handed on when the pass is complete, and the
+//! passes are compared as they come, keeping only what the report needs: the counts, the first
+//! divergence, one row per pass, the tensors of the pass the per-layer table is about, and the
+//! first [`LISTED`] unmatched tensors and warnings of each kind. Memory does not grow with the
+//! tensors of a pass times the passes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use serde::Serialize;
 use trace_runtime::compare::{
-    compare, CompareOptions, Comparison, ErrorStat, TensorComparison, TraceTensors, TracedTensor,
-    Unmatched, Verdict,
+    compare, full_name, CompareOptions, ErrorStat, TensorComparison, TraceTensors, TracedTensor,
+    Unmatched, UnusedOverride, Verdict,
 };
 use trace_runtime::{read_capture, CaptureError};
 
+use crate::input::{TraceFile, TraceRun};
 use crate::load::{self, InputError};
 use crate::style::Colors;
 
 /// Unmatched tensors listed in the text output before "... and N more".
 const SHOWN_UNMATCHED: usize = 8;
 
+/// Unmatched tensors (of each trace) and warnings kept for the JSON output; the others are
+/// counted.
+pub(crate) const LISTED: usize = 1000;
+
+/// Passes read ahead of the comparison, per trace.
+const PASSES_AHEAD: usize = 4;
+
 /// Two traces read and compared.
 pub(crate) struct Diffed {
-    pub(crate) comparison: Comparison,
-    options: CompareOptions,
     files: [FileInfo; 2],
+    options: CompareOptions,
+    found: Found,
 }
 
 impl Diffed {
-    /// Reads both files (one per core) and compares them, reading captured tensors where
-    /// `options` says to.
+    /// Reads both traces (one thread each) and compares them pass by pass, reading captured
+    /// tensors where `options` says to. The per-layer table will be about `pass` (default: the
+    /// first divergence's, else the one with the largest error).
     pub(crate) fn read(
         reference: &Path,
         other: &Path,
         options: CompareOptions,
+        pass: Option<usize>,
     ) -> Result<Self, InputError> {
-        let (ref_tensors, other_tensors) = std::thread::scope(|scope| {
-            let read_other = scope.spawn(|| tensors(other));
-            let ref_tensors = tensors(reference);
-            let other_tensors = read_other
-                .join()
-                .unwrap_or_else(|_| Err("reading the second file failed".to_owned()));
-            (ref_tensors, other_tensors)
+        let ref_run = TraceRun::open(&[reference.to_path_buf()])?;
+        let other_run = TraceRun::open(&[other.to_path_buf()])?;
+        ref_run.warn_missing_ranks();
+        other_run.warn_missing_ranks();
+        let mut found = Found::new(pass);
+        let (ref_read, other_read) = std::thread::scope(|scope| {
+            let (ref_tx, ref_rx) = sync_channel(PASSES_AHEAD);
+            let (other_tx, other_rx) = sync_channel(PASSES_AHEAD);
+            // Each reader owns its sender: when it ends, the comparison sees the end.
+            let (ref_run, other_run) = (&ref_run, &other_run);
+            let ref_read = scope.spawn(move || read_passes(ref_run, &ref_tx));
+            let other_read = scope.spawn(move || read_passes(other_run, &other_tx));
+            found.compare_passes(&ref_rx, &other_rx, &options);
+            // A reader stopped by an error has dropped its sender; the other may still be
+            // sending: stop listening so that it ends.
+            drop((ref_rx, other_rx));
+            let joined = |read: std::thread::ScopedJoinHandle<'_, _>| {
+                read.join()
+                    .unwrap_or_else(|_| Err("reading a trace failed".to_owned()))
+            };
+            (joined(ref_read), joined(other_read))
         });
-        let ((ref_tensors, ref_notes), (other_tensors, other_notes)) =
-            (ref_tensors?, other_tensors?);
-        if ref_tensors.tensors.is_empty() {
+        let (ref_read, other_read) = (ref_read?, other_read?);
+        if ref_read.tensors == 0 {
             return Err(format!(
                 "{}: no tensors to compare (no layer, attention or logits events)",
-                reference.display()
+                ref_run.label
             ));
         }
-        let comparison = compare(&ref_tensors, &other_tensors, &options, captured);
-        if comparison.pairs.is_empty() {
+        if found.counts.matched == 0 {
             return Err(format!(
                 "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
                  (--map llama|bert|FILE renames them)",
-                other.display(),
-                reference.display()
+                other_run.label, ref_run.label
             ));
         }
-        let info = |path: &Path, trace: &TraceTensors, notes: load::ReadNotes| FileInfo {
-            path: path.display().to_string(),
-            writer: trace.header.writer.clone(),
-            tensors: trace.tensors.len(),
-            cut_short: notes.truncated,
+        found.finish(&options, [&ref_read, &other_read], [&ref_run, &other_run]);
+        let info = |run: &TraceRun, read: ReadPasses| FileInfo {
+            path: run.label.clone(),
+            writer: run.header().writer.clone(),
+            ranks: run.is_ranked().then_some(run.files.len()),
+            tensors: read.tensors,
+            cut_short: read.notes.truncation(),
         };
         Ok(Self {
-            files: [
-                info(reference, &ref_tensors, ref_notes),
-                info(other, &other_tensors, other_notes),
-            ],
-            comparison,
+            files: [info(&ref_run, ref_read), info(&other_run, other_read)],
             options,
+            found,
         })
     }
 
-    /// What to report; the per-layer table is about `pass` (default: the first divergence's,
-    /// else the one with the largest error).
-    pub(crate) fn report(&self, pass: Option<usize>) -> Report<'_> {
-        Report::new(&self.files, &self.comparison, &self.options, pass)
+    /// What to report.
+    pub(crate) fn report(&self) -> Report<'_> {
+        Report::new(&self.files, &self.found, &self.options)
     }
 
     /// Whether a tensor diverged.
     pub(crate) fn diverged(&self) -> bool {
-        self.comparison.first_divergence().is_some()
+        self.found.first.is_some()
+    }
+
+    /// The compared tensors of the pass the per-layer table is about.
+    pub(crate) fn table_pairs(&self) -> &[TensorComparison] {
+        &self.found.table.pairs
     }
 
     /// Says on stderr which per-name overrides matched no tensor (the JSON output has them
     /// among its `warnings`).
     pub(crate) fn warn_unused_overrides(&self) {
-        for unused in &self.comparison.unused_overrides {
+        for unused in &self.found.unused_overrides {
             eprintln!("model-trace: warning: {unused}");
         }
     }
 }
 
-/// The values of a captured tensor of a trace on disk, read from beside the trace.
-fn captured(trace: &TraceTensors, tensor: &TracedTensor) -> Option<Result<Vec<f32>, CaptureError>> {
-    let capture = tensor.tensor.capture.as_ref()?;
-    let path = trace.path.as_ref()?;
-    Some(read_capture(path, capture).map(|(_, values)| values))
+/// One pass's tensors of one trace (every rank's); `pass` is `None` for the attention records
+/// made outside any pass, handed on at the end.
+struct PassTensors {
+    pass: Option<usize>,
+    tensors: TraceTensors,
 }
 
-/// The tensors of a file, each event reduced to them as it is read.
-fn tensors(path: &Path) -> Result<(TraceTensors, load::ReadNotes), InputError> {
-    let mut tensors: Option<TraceTensors> = None;
-    let (header, notes) = load::read(path, |header, event| {
-        tensors
-            .get_or_insert_with(|| TraceTensors::new(header.clone(), Some(path)))
-            .push(event);
+impl PassTensors {
+    /// Passes in order, then the tensors outside any pass.
+    fn order(&self) -> (bool, usize) {
+        (self.pass.is_none(), self.pass.unwrap_or(0))
+    }
+}
+
+/// What reading one trace for a comparison gave.
+struct ReadPasses {
+    notes: load::ReadNotes,
+    /// Tensors read.
+    tensors: usize,
+    /// Tensors that came after their pass had been handed on (a file not in pass order).
+    late: usize,
+}
+
+/// Reads `run` and sends its tensors pass by pass.
+fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPasses, InputError> {
+    let mut pending: Vec<TraceTensors> = run
+        .files
+        .iter()
+        .map(|f| TraceTensors::new(&f.header, Some(&f.path)))
+        .collect();
+    let mut outside: Vec<TraceTensors> = pending.iter_mut().map(TraceTensors::take).collect();
+    let (mut current, mut tensors, mut late) = (None::<usize>, 0, 0);
+    let mut listening = true;
+    let mut hand_on = |pass: Option<usize>, parts: &mut [TraceTensors]| {
+        let tensors = TraceTensors::merge_ranks(parts.iter_mut().map(TraceTensors::take));
+        if listening && !tensors.tensors.is_empty() {
+            listening = send.send(PassTensors { pass, tensors }).is_ok();
+        }
+    };
+    let notes = load::read(run, |file, event| {
+        let at = rank_index(run, file);
+        let pass = event.pass();
+        match (pass, current) {
+            (None, _) => outside[at].push(event),
+            (Some(p), Some(c)) if p < c => {
+                let mut counted = TraceTensors::default();
+                counted.push(event);
+                late += counted.tensors.len();
+            }
+            (Some(p), c) => {
+                if c.is_some_and(|c| c < p) {
+                    hand_on(c, &mut pending);
+                }
+                current = Some(p);
+                let before = pending[at].tensors.len();
+                pending[at].push(event);
+                tensors += pending[at].tensors.len() - before;
+            }
+        }
     })?;
-    let tensors = tensors.unwrap_or_else(|| TraceTensors::new(header, Some(path)));
-    Ok((tensors.finish(), notes))
+    hand_on(current, &mut pending);
+    tensors += outside.iter().map(|t| t.tensors.len()).sum::<usize>();
+    hand_on(None, &mut outside);
+    Ok(ReadPasses {
+        notes,
+        tensors,
+        late,
+    })
+}
+
+/// The index of `file` among `run`'s files.
+fn rank_index(run: &TraceRun, file: &TraceFile) -> usize {
+    run.files
+        .iter()
+        .position(|f| std::ptr::eq(f, file))
+        .unwrap_or(0)
+}
+
+/// The values of a captured tensor, read from beside the trace file it came from.
+fn captured(_: &TraceTensors, tensor: &TracedTensor) -> Option<Result<Vec<f32>, CaptureError>> {
+    let capture = tensor.tensor.capture.as_ref()?;
+    let file = tensor.file.as_ref()?;
+    Some(read_capture(file, capture).map(|(_, values)| values))
+}
+
+/// What the comparison found so far, folded pass by pass.
+#[derive(Debug, Default)]
+struct Found {
+    counts: Counts,
+    first: Option<TensorComparison>,
+    passes: Vec<PassRow>,
+    table: Table,
+    missing: Listed<Unmatched>,
+    extra: Listed<Unmatched>,
+    /// Captures that could not be read, tensors read out of pass order.
+    warnings: Listed<String>,
+    /// Full names (after renaming) of every tensor of either trace: which overrides matched.
+    names: HashSet<String>,
+    unused_overrides: Vec<UnusedOverride>,
+}
+
+/// The pass of the per-layer table and its compared tensors.
+#[derive(Debug, Default)]
+struct Table {
+    /// The pass asked for.
+    requested: Option<usize>,
+    pass: Option<usize>,
+    pairs: Vec<TensorComparison>,
+    /// Its worst ratio, while it is the pass with the largest error.
+    worst_ratio: f64,
+}
+
+/// The first [`LISTED`] items, and how many there were.
+#[derive(Debug, Serialize)]
+struct Listed<T> {
+    items: Vec<T>,
+    count: usize,
+}
+
+impl<T> Default for Listed<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            count: 0,
+        }
+    }
+}
+
+impl<T> Listed<T> {
+    fn push(&mut self, item: T) {
+        self.count += 1;
+        if self.items.len() < LISTED {
+            self.items.push(item);
+        }
+    }
+}
+
+impl Found {
+    fn new(pass: Option<usize>) -> Self {
+        Self {
+            table: Table {
+                requested: pass,
+                ..Table::default()
+            },
+            ..Self::default()
+        }
+    }
+
+    /// Compares the passes the two readers send, matching them by pass number.
+    fn compare_passes(
+        &mut self,
+        reference: &Receiver<PassTensors>,
+        other: &Receiver<PassTensors>,
+        options: &CompareOptions,
+    ) {
+        let (mut a, mut b) = (reference.recv().ok(), other.recv().ok());
+        loop {
+            let (ref_pass, other_pass) = match (a.take(), b.take()) {
+                (None, None) => break,
+                (Some(x), Some(y)) if x.order() == y.order() => {
+                    (a, b) = (reference.recv().ok(), other.recv().ok());
+                    (Some(x), Some(y))
+                }
+                (Some(x), y) if y.as_ref().is_none_or(|y| x.order() < y.order()) => {
+                    (a, b) = (reference.recv().ok(), y);
+                    (Some(x), None)
+                }
+                (x, y) => {
+                    (a, b) = (x, other.recv().ok());
+                    (None, y)
+                }
+            };
+            let empty = TraceTensors::default();
+            let pass = ref_pass
+                .as_ref()
+                .or(other_pass.as_ref())
+                .and_then(|p| p.pass);
+            let compared = compare(
+                ref_pass.as_ref().map_or(&empty, |p| &p.tensors),
+                other_pass.as_ref().map_or(&empty, |p| &p.tensors),
+                options,
+                captured,
+            );
+            self.fold(pass, compared);
+        }
+    }
+
+    /// Folds one pass's comparison in.
+    fn fold(&mut self, pass: Option<usize>, compared: trace_runtime::compare::Comparison) {
+        for unmatched in compared.missing {
+            self.names
+                .insert(full_name(unmatched.layer, &unmatched.name));
+            self.missing.push(unmatched);
+        }
+        for unmatched in compared.extra {
+            self.names
+                .insert(full_name(unmatched.layer, &unmatched.name));
+            self.extra.push(unmatched);
+        }
+        for warning in compared.warnings {
+            self.warnings.push(warning);
+        }
+        if compared.pairs.is_empty() {
+            return;
+        }
+        let mut row = PassRow {
+            pass: pass.unwrap_or(0),
+            worst_ratio: 0.0,
+            diverged: 0,
+        };
+        let first_before = self.first.is_some();
+        for pair in &compared.pairs {
+            self.counts.count(pair.verdict);
+            if !self.names.contains(&full_name(pair.layer, &pair.name)) {
+                self.names.insert(full_name(pair.layer, &pair.name));
+            }
+            row.worst_ratio = row.worst_ratio.max(ratio(pair));
+            if pair.verdict.is_divergence() {
+                row.diverged += 1;
+                if self.first.is_none() {
+                    self.first = Some(pair.clone());
+                }
+            }
+        }
+        let table = &mut self.table;
+        let keep = match table.requested {
+            Some(requested) => pass == Some(requested),
+            None if first_before => false,
+            None if self.first.is_some() => true,
+            None => table.pass.is_none() || row.worst_ratio > table.worst_ratio,
+        };
+        if keep {
+            table.pass = pass;
+            table.worst_ratio = row.worst_ratio;
+            table.pairs = compared.pairs;
+        }
+        self.passes.push(row);
+    }
+
+    /// What is known only at the end: overrides that matched nothing, tensors out of order.
+    fn finish(&mut self, options: &CompareOptions, read: [&ReadPasses; 2], runs: [&TraceRun; 2]) {
+        self.unused_overrides = options.tolerances.unused_overrides(&self.names);
+        for (read, run) in read.iter().zip(runs) {
+            if read.late > 0 {
+                self.warnings.push(format!(
+                    "{}: {} tensors came after their pass had been compared (the file is not in \
+                     pass order) and were not compared",
+                    run.label, read.late
+                ));
+            }
+        }
+        if self.table.pass.is_none() {
+            self.table.pass = self.table.requested;
+        }
+    }
 }
 
 /// What `diff` reports, as text or JSON.
@@ -119,7 +389,7 @@ pub(crate) struct Report<'a> {
     reference: &'a FileInfo,
     other: &'a FileInfo,
     tolerance: &'a trace_runtime::compare::Tolerances,
-    compared: Counts,
+    compared: &'a Counts,
     /// `{pass, layer, stage}` of the first divergence in the reference's execution order, with
     /// what differs there; `null` when nothing diverged.
     pub(crate) first_divergence: Option<Divergence<'a>>,
@@ -128,32 +398,57 @@ pub(crate) struct Report<'a> {
     /// Per layer of that pass: the worst tensor.
     layers: Vec<LayerRow<'a>>,
     /// Per pass: the worst ratio and how many tensors diverged.
-    pub(crate) passes: Vec<PassRow>,
+    pub(crate) passes: &'a [PassRow],
+    /// Tensors only in the reference: the first [`LISTED`].
     missing: &'a [Unmatched],
+    /// How many tensors are only in the reference.
+    missing_count: usize,
+    /// Tensors only in the other trace: the first [`LISTED`].
     extra: &'a [Unmatched],
-    /// Captures that could not be read, then per-name overrides that matched no tensor.
+    /// How many tensors are only in the other trace.
+    extra_count: usize,
+    /// Captures that could not be read and tensors out of pass order (the first [`LISTED`]),
+    /// then per-name overrides that matched no tensor.
     warnings: Vec<String>,
-    /// How many of `warnings` are about captures: the text shows those (the others go to
+    /// How many warnings of the first kind there were.
+    #[serde(skip)]
+    read_warnings: usize,
+    /// How many of `warnings` are of the first kind: the text shows those (the others go to
     /// stderr).
     #[serde(skip)]
-    capture_warnings: usize,
+    listed_read_warnings: usize,
 }
 
 #[derive(Debug, Serialize)]
 pub(crate) struct FileInfo {
     path: String,
     writer: String,
+    /// The rank files read together, for a run of several ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<usize>,
     tensors: usize,
     cut_short: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 struct Counts {
     matched: usize,
     bit_identical: usize,
     close: usize,
     diverged: usize,
     shape_mismatch: usize,
+}
+
+impl Counts {
+    fn count(&mut self, verdict: Verdict) {
+        self.matched += 1;
+        *match verdict {
+            Verdict::BitIdentical => &mut self.bit_identical,
+            Verdict::Close => &mut self.close,
+            Verdict::Diverged => &mut self.diverged,
+            Verdict::ShapeMismatch => &mut self.shape_mismatch,
+        } += 1;
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -181,34 +476,9 @@ pub(crate) struct PassRow {
 }
 
 impl<'a> Report<'a> {
-    fn new(
-        files: &'a [FileInfo; 2],
-        comparison: &'a Comparison,
-        options: &'a CompareOptions,
-        pass: Option<usize>,
-    ) -> Self {
-        let first = comparison.first_divergence();
-        let mut passes: BTreeMap<usize, PassRow> = BTreeMap::new();
-        for pair in &comparison.pairs {
-            let row = passes.entry(pair.pass).or_insert(PassRow {
-                pass: pair.pass,
-                worst_ratio: 0.0,
-                diverged: 0,
-            });
-            row.worst_ratio = row.worst_ratio.max(ratio(pair));
-            row.diverged += usize::from(pair.verdict.is_divergence());
-        }
-        let table_pass = pass
-            .or_else(|| first.map(|f| f.pass))
-            .or_else(|| {
-                passes
-                    .values()
-                    .max_by(|a, b| a.worst_ratio.total_cmp(&b.worst_ratio))
-                    .map(|p| p.pass)
-            })
-            .unwrap_or(0);
+    fn new(files: &'a [FileInfo; 2], found: &'a Found, options: &'a CompareOptions) -> Self {
         let mut layers: BTreeMap<usize, LayerRow<'a>> = BTreeMap::new();
-        for pair in comparison.pairs.iter().filter(|p| p.pass == table_pass) {
+        for pair in &found.table.pairs {
             let r = ratio(pair);
             let row = layers.entry(pair.layer).or_insert(LayerRow {
                 layer: pair.layer,
@@ -224,50 +494,44 @@ impl<'a> Report<'a> {
             reference: &files[0],
             other: &files[1],
             tolerance: &options.tolerances,
-            compared: Counts {
-                matched: comparison.pairs.len(),
-                bit_identical: comparison.count(Verdict::BitIdentical),
-                close: comparison.count(Verdict::Close),
-                diverged: comparison.count(Verdict::Diverged),
-                shape_mismatch: comparison.count(Verdict::ShapeMismatch),
-            },
-            first_divergence: first.map(|f| Divergence {
+            compared: &found.counts,
+            first_divergence: found.first.as_ref().map(|f| Divergence {
                 pass: f.pass,
                 layer: f.layer,
                 stage: &f.name,
                 seq: f.seq,
                 detail: f,
             }),
-            table_pass,
+            table_pass: found.table.pass.unwrap_or(0),
             layers: layers.into_values().collect(),
-            passes: passes.into_values().collect(),
-            missing: &comparison.missing,
-            extra: &comparison.extra,
-            warnings: (comparison.warnings.iter().cloned())
-                .chain(comparison.unused_overrides.iter().map(ToString::to_string))
+            passes: &found.passes,
+            missing: &found.missing.items,
+            missing_count: found.missing.count,
+            extra: &found.extra.items,
+            extra_count: found.extra.count,
+            warnings: (found.warnings.items.iter().cloned())
+                .chain(found.unused_overrides.iter().map(ToString::to_string))
                 .collect(),
-            capture_warnings: comparison.warnings.len(),
+            read_warnings: found.warnings.count,
+            listed_read_warnings: found.warnings.items.len(),
         }
     }
 
     pub(crate) fn text(&self, colors: &Colors) -> String {
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{} {} ({}, {} tensors)",
-            colors.bold("reference:"),
-            self.reference.path,
-            self.reference.writer,
-            self.reference.tensors
-        );
-        let _ = writeln!(
-            out,
-            "{} {} ({}, {} tensors)",
-            colors.bold("other:    "),
-            self.other.path,
-            self.other.writer,
-            self.other.tensors
-        );
+        for (label, info) in [("reference:", self.reference), ("other:    ", self.other)] {
+            let ranks = info
+                .ranks
+                .map_or_else(String::new, |n| format!(", {n} rank files"));
+            let _ = writeln!(
+                out,
+                "{} {} ({}{ranks}, {} tensors)",
+                colors.bold(label),
+                info.path,
+                info.writer,
+                info.tensors
+            );
+        }
         let t = self.tolerance;
         let mut overrides = Vec::new();
         overrides.extend(
@@ -319,10 +583,32 @@ impl<'a> Report<'a> {
                 c.shape_mismatch.to_string()
             },
         );
-        unmatched(&mut out, colors, "only in the reference", self.missing);
-        unmatched(&mut out, colors, "only in the other", self.extra);
-        for warning in &self.warnings[..self.capture_warnings] {
+        unmatched(
+            &mut out,
+            colors,
+            "only in the reference",
+            self.missing,
+            self.missing_count,
+        );
+        unmatched(
+            &mut out,
+            colors,
+            "only in the other",
+            self.extra,
+            self.extra_count,
+        );
+        for warning in &self.warnings[..self.listed_read_warnings] {
             let _ = writeln!(out, "{}", colors.warn(&format!("warning: {warning}")));
+        }
+        if self.read_warnings > self.listed_read_warnings {
+            let _ = writeln!(
+                out,
+                "{}",
+                colors.warn(&format!(
+                    "... and {} more warnings",
+                    self.read_warnings - self.listed_read_warnings
+                ))
+            );
         }
         let _ = writeln!(out);
         match &self.first_divergence {
@@ -372,7 +658,7 @@ impl<'a> Report<'a> {
                 out,
                 "{:>5}  {:<16}  {:>9}  {:>12}    {verdict}",
                 row.layer,
-                pair.name,
+                with_shard(&pair.name, pair.shard),
                 ratio_text(row.ratio),
                 error
             );
@@ -404,7 +690,7 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: E
         colors.bad("first divergence:"),
         d.pass,
         d.layer,
-        colors.bold(d.stage),
+        colors.bold(&with_shard(d.stage, p.shard)),
         d.seq
     );
     if p.verdict == Verdict::ShapeMismatch {
@@ -488,20 +774,20 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: E
     }
 }
 
-fn unmatched(out: &mut String, colors: &Colors, label: &str, list: &[Unmatched]) {
-    if list.is_empty() {
+fn unmatched(out: &mut String, colors: &Colors, label: &str, list: &[Unmatched], count: usize) {
+    if count == 0 {
         return;
     }
     let shown: Vec<String> = list
         .iter()
         .take(SHOWN_UNMATCHED)
-        .map(|u| format!("pass {} layer.{}.{}", u.pass, u.layer, u.name))
+        .map(Unmatched::describe)
         .collect();
-    let more = list.len().saturating_sub(SHOWN_UNMATCHED);
+    let more = count.saturating_sub(shown.len());
     let _ = writeln!(
         out,
         "{} {}{}",
-        colors.warn(&format!("{} {label}:", list.len())),
+        colors.warn(&format!("{count} {label}:")),
         shown.join(", "),
         if more > 0 {
             format!(", ... and {more} more")
@@ -509,6 +795,14 @@ fn unmatched(out: &mut String, colors: &Colors, label: &str, list: &[Unmatched])
             String::new()
         }
     );
+}
+
+/// `attn_out`, or `attn_out (rank 1's shard)`.
+fn with_shard(name: &str, shard: Option<usize>) -> String {
+    match shard {
+        Some(rank) => format!("{name} (rank {rank}'s shard)"),
+        None => name.to_owned(),
+    }
 }
 
 /// The ratio of a pair for tables: 0 for bit-identical, infinite for a shape mismatch.

@@ -7,8 +7,9 @@ use crate::outcome::Outcome;
 use crate::style::Colors;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
-    let diffed = Diffed::read(&args.reference, &args.other, args.compare.options()?)?;
-    let report = diffed.report(args.pass);
+    let options = args.compare.options()?;
+    let diffed = Diffed::read(&args.reference, &args.other, options, args.pass)?;
+    let report = diffed.report();
     if args.json {
         crate::output::emit_json(&report)?;
     } else {

@@ -2,39 +2,65 @@
 //! writer, its session and what it records.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
-use trace_runtime::{ModelTracerConfig, TraceHeader};
+use trace_runtime::ModelTracerConfig;
 
+use crate::input::TraceRun;
 use crate::load;
 use crate::style::Colors;
 
-/// The lines about the file, its writer, its session and its configuration.
+/// The lines about the file (or a run's rank files), its writer, its session and its
+/// configuration.
 pub(crate) fn describe_header(
     out: &mut String,
-    path: &Path,
-    header: &TraceHeader,
+    run: &TraceRun,
     bytes: u64,
     colors: &Colors,
 ) -> std::fmt::Result {
+    let header = run.header();
     writeln!(
         out,
         "{} {} ({}, schema {}, written by {})",
         colors.bold("trace:"),
-        path.display(),
+        run.label,
         load::file_size(bytes),
         header.schema,
         header.writer
     )?;
-    let thread = header.thread.name.as_deref().unwrap_or("unnamed");
-    writeln!(
-        out,
-        "{} session {} of process {}, thread {} ({thread})",
-        colors.bold("run:"),
-        header.session,
-        header.process_id,
-        header.thread.id
-    )?;
+    if run.is_ranked() {
+        let world = header.world_size.unwrap_or(run.files.len());
+        let files: Vec<String> = run
+            .files
+            .iter()
+            .map(|f| format!("{} {}", f.label(), f.path.display()))
+            .collect();
+        writeln!(
+            out,
+            "{} run {}: {} of {world} ranks ({})",
+            colors.bold("run:"),
+            header.run,
+            run.files.len(),
+            files.join(", ")
+        )?;
+        if !run.missing_ranks.is_empty() {
+            let missing: Vec<String> = run.missing_ranks.iter().map(ToString::to_string).collect();
+            writeln!(
+                out,
+                "{}",
+                colors.warn(&format!("missing: rank {}", missing.join(", ")))
+            )?;
+        }
+    } else {
+        let thread = header.thread.name.as_deref().unwrap_or("unnamed");
+        writeln!(
+            out,
+            "{} session {} of process {}, thread {} ({thread})",
+            colors.bold("run:"),
+            header.session,
+            header.process_id,
+            header.thread.id
+        )?;
+    }
     let meta = &header.metadata;
     let mut said = Vec::new();
     for (label, value) in [

@@ -1,35 +1,44 @@
-//! `model-trace list FILE`: what a trace holds.
+//! `model-trace list FILE...`: what a trace (or the rank files of a run) holds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::PathBuf;
 
 use trace_runtime::Event;
 
 use crate::header::describe_header;
+use crate::input::TraceRun;
 use crate::load::{self, InputError};
 use crate::outcome::Outcome;
 use crate::style::Colors;
 
-pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
+pub(crate) fn run(paths: &[PathBuf], colors: &Colors) -> Result<Outcome, InputError> {
+    let run = TraceRun::open(paths)?;
+    let ranked = run.is_ranked();
     let mut kinds: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut positions = Vec::new();
     let mut errors = Vec::new();
-    let mut ended = false;
-    let (header, notes) = load::read(path, |_, event| {
+    let notes = load::read(&run, |file, event| {
         *kinds.entry(event.kind_name()).or_default() += 1;
         match event {
             Event::PassBegin(begin) => positions.push(begin.position),
             Event::Error(error) => errors.push(format!(
-                "{} `{}`: {}",
-                error.kind, error.tracepoint, error.message
+                "{}{} `{}`: {}",
+                if ranked {
+                    format!("{}: ", file.label())
+                } else {
+                    String::new()
+                },
+                error.kind,
+                error.tracepoint,
+                error.message
             )),
-            Event::SessionEnd(_) => ended = true,
             _ => {}
         }
     })?;
+    let header = run.header();
     let mut out = String::new();
-    describe_header(&mut out, path, &header, notes.bytes, colors).map_err(|e| e.to_string())?;
+    describe_header(&mut out, &run, notes.bytes, colors).map_err(|e| e.to_string())?;
     let _ = writeln!(
         out,
         "{}",
@@ -67,20 +76,20 @@ pub(crate) fn run(path: &Path, colors: &Colors) -> Result<Outcome, InputError> {
             let _ = writeln!(out, "  {error}");
         }
     }
-    match (&notes.truncated, ended) {
-        (Some(cut), _) => {
-            let _ = writeln!(out, "{}", colors.warn(&format!("cut short: {cut}")));
-        }
-        (None, false) => {
+    for cut in &notes.truncated {
+        let _ = writeln!(out, "{}", colors.warn(&format!("cut short: {cut}")));
+    }
+    if notes.truncated.is_empty() {
+        for file in &notes.unfinished {
+            let which = if ranked { file } else { "the file" };
             let _ = writeln!(
                 out,
                 "{}",
-                colors.warn(
-                    "cut short: the file ends without a session_end event (the run did not finish)"
-                )
+                colors.warn(&format!(
+                    "cut short: {which} ends without a session_end event (the run did not finish)"
+                ))
             );
         }
-        (None, true) => {}
     }
     crate::output::emit(&out)?;
     Ok(Outcome::Ok)

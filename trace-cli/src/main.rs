@@ -15,6 +15,7 @@ mod chrome;
 mod compared;
 mod diff;
 mod header;
+mod input;
 mod list;
 mod load;
 mod outcome;
@@ -35,8 +36,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let colors = Colors::new(cli.color.forced());
     let result = match cli.command {
-        Command::List { file } => list::run(&file, &colors),
-        Command::Summary { file, json } => summary::run(&file, json, &colors),
+        Command::List { files } => list::run(&files, &colors),
+        Command::Summary { files, json } => summary::run(&files, json, &colors),
         Command::Diff(args) => diff::run(&args, &colors),
         Command::Report(args) => report::run(&args),
         Command::Chrome { files, output } => chrome::run(&files, &output),

@@ -1,4 +1,4 @@
-//! `model-trace report FILE [--against REF] -o report.html`: one self-contained HTML page
+//! `model-trace report FILE... [--against REF] -o report.html`: one self-contained HTML page
 //! (styles, script and data inlined; no network needed to view it) with plots of what the trace
 //! holds: each stage's statistics through the layers, the layer outputs through the passes, what
 //! the attention heads do, the logit evolution, quantization error, KV-cache use, time, and with
@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::args::ReportArgs;
 use crate::compared::Diffed;
+use crate::input::TraceRun;
 use crate::load::{self, InputError};
 use crate::outcome::Outcome;
 use crate::style::Colors;
@@ -58,32 +59,39 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     let output = args
         .output
         .clone()
-        .unwrap_or_else(|| args.file.with_extension("html"));
-    let mut collector = None;
-    let (_, notes) = load::read(&args.file, |header, event| {
-        collector
-            .get_or_insert_with(|| collect::Collector::new(header))
-            .accept(event);
+        .unwrap_or_else(|| args.files[0].with_extension("html"));
+    let run = TraceRun::open(&args.files)?;
+    run.warn_missing_ranks();
+    let mut collector = collect::Collector::new(run.header());
+    let mut events = 0usize;
+    let notes = load::read(&run, |_, event| {
+        events += 1;
+        collector.accept(event);
     })?;
-    let Some(collector) = collector else {
+    if events == 0 {
         return Err(format!(
             "{}: no events after the header: nothing to report",
-            args.file.display()
+            run.label
         ));
-    };
-    let mut data = collector.finish(
-        args.file.display().to_string(),
-        notes.bytes,
-        notes.truncated,
-    );
+    }
+    let mut data = collector.finish(run.label.clone(), notes.bytes, notes.truncation());
     let mut outcome = Outcome::Ok;
     if let Some(reference) = &args.against {
-        let diffed = Diffed::read(reference, &args.file, args.compare.options()?)?;
+        let options = args.compare.options()?;
+        let against = match &args.files[..] {
+            [one] => one,
+            _ => {
+                return Err(
+                    "--against compares with one trace: give one file, directory or run".to_owned(),
+                )
+            }
+        };
+        let diffed = Diffed::read(reference, against, options, args.pass)?;
         diffed.warn_unused_overrides();
         if diffed.diverged() {
             outcome = Outcome::Diverged;
         }
-        data.diff = Some(diff_data(reference, &diffed, args.pass));
+        data.diff = Some(diff_data(reference, &diffed));
     }
     let html = page(&data)?;
     crate::output::write_file(&output, |out| out.write_all(html.as_bytes()))?;
@@ -108,17 +116,12 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     Ok(outcome)
 }
 
-fn diff_data(reference: &Path, diffed: &Diffed, pass: Option<usize>) -> DiffData {
-    let report = diffed.report(pass);
+fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
+    let report = diffed.report();
     let curve_pass = report.table_pass;
     let mut stages: Vec<String> = Vec::new();
     let mut ratios: Vec<Vec<Option<f64>>> = Vec::new();
-    for pair in diffed
-        .comparison
-        .pairs
-        .iter()
-        .filter(|p| p.pass == curve_pass)
-    {
+    for pair in diffed.table_pairs() {
         let at = match stages.iter().position(|s| *s == pair.name) {
             Some(at) => at,
             None => {

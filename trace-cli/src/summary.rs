@@ -1,10 +1,10 @@
-//! `model-trace summary FILE`: the tracer's summary, as the run that wrote the file would have
+//! `model-trace summary FILE...`: the tracer's summary, as the run that wrote the file would have
 //! printed it (with what the attention heads do), and a table of the layers' outputs, times and
 //! heads.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use trace_runtime::{
@@ -12,6 +12,7 @@ use trace_runtime::{
 };
 
 use crate::header::describe_header;
+use crate::input::TraceRun;
 use crate::load::{self, InputError};
 use crate::outcome::Outcome;
 use crate::style::Colors;
@@ -36,17 +37,25 @@ struct LayerRow {
 /// What `summary --json` prints.
 #[derive(Debug, Serialize)]
 struct SummaryReport<'a> {
-    file: &'a Path,
+    /// The path given (a file, a directory, or a run's stem).
+    file: &'a str,
+    /// A run's rank files, in rank order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<Vec<&'a Path>>,
     header: &'a TraceHeader,
     summary: ModelTracerSummary,
     layers: Vec<LayerRow>,
     truncated: Option<&'a str>,
 }
 
-pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, InputError> {
-    let mut tracer: Option<ModelTracer> = None;
+pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outcome, InputError> {
+    let run = TraceRun::open(paths)?;
+    run.warn_missing_ranks();
+    let header = run.header();
+    // The summary covers every record; keeping them would grow with the passes.
+    let mut tracer = ModelTracer::summary_only(header.config.clone());
     let mut layers: BTreeMap<usize, LayerRow> = BTreeMap::new();
-    let (header, notes) = load::read(path, |header, event| {
+    let notes = load::read(&run, |_, event| {
         if let Event::Layer(layer) = &event {
             let row = layers.entry(layer.layer).or_default();
             row.calls += 1;
@@ -60,12 +69,11 @@ pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, I
                 row.non_finite += s.nan_count + s.inf_count;
             }
         }
-        tracer
-            .get_or_insert_with(|| ModelTracer::new(header.config.clone()))
-            .accept(&event);
+        tracer.accept(&event);
     })?;
-    let tracer = tracer.unwrap_or_else(|| ModelTracer::new(header.config.clone()));
-    let summary = tracer.summary();
+    let mut summary = tracer.summary();
+    // Said of a session's tracer: where its records went. Here they are in the file read.
+    summary.summary_only = false;
     for (&layer, row) in &mut layers {
         row.layer = layer;
         #[allow(clippy::cast_precision_loss)]
@@ -79,18 +87,22 @@ pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, I
         row.heads = heads_of(&summary.attention, layer);
     }
     if json {
+        let truncated = notes.truncation();
         let report = SummaryReport {
-            file: path,
-            header: &header,
+            file: &run.label,
+            files: run
+                .is_ranked()
+                .then(|| run.files.iter().map(|f| &*f.path).collect()),
+            header,
             summary,
             layers: layers.into_values().collect(),
-            truncated: notes.truncated.as_deref(),
+            truncated: truncated.as_deref(),
         };
         crate::output::emit_json(&report)?;
         return Ok(Outcome::Ok);
     }
     let mut out = String::new();
-    describe_header(&mut out, path, &header, notes.bytes, colors).map_err(|e| e.to_string())?;
+    describe_header(&mut out, &run, notes.bytes, colors).map_err(|e| e.to_string())?;
     let _ = writeln!(out, "{summary}");
     if !layers.is_empty() {
         let _ = writeln!(
@@ -118,7 +130,7 @@ pub(crate) fn run(path: &Path, json: bool, colors: &Colors) -> Result<Outcome, I
         }
         let _ = writeln!(out, "{}", colors.dim("(output statistics averaged over the passes; max |x| is the largest over them; times include tracing's own work; heads by specialization, see the attention lines above)"));
     }
-    if let Some(cut) = &notes.truncated {
+    for cut in &notes.truncated {
         let _ = writeln!(out, "{}", colors.warn(&format!("cut short: {cut}")));
     }
     crate::output::emit(&out)?;

@@ -166,7 +166,8 @@ impl Collector {
     pub(crate) fn new(header: &TraceHeader) -> Self {
         Self {
             header: header.clone(),
-            tracer: ModelTracer::new(header.config.clone()),
+            // The summary covers every record; keeping them would grow with the passes.
+            tracer: ModelTracer::summary_only(header.config.clone()),
             passes: Vec::new(),
             pass_index: HashMap::new(),
             stages: Vec::new(),
@@ -317,7 +318,9 @@ impl Collector {
 
     /// The page's data; `bytes` is the file's size.
     pub(crate) fn finish(self, file: String, bytes: u64, cut_short: Option<String>) -> ReportData {
-        let summary = self.tracer.summary();
+        let mut summary = self.tracer.summary();
+        // Said of a session's tracer: where its records went. Here they are in the file read.
+        summary.summary_only = false;
         let shown_passes = shown_passes(&self.passes);
         let (layers, stages) = (self.layers, self.stages.len());
         let mut stats = Vec::with_capacity(shown_passes.len() * layers * stages * 4);

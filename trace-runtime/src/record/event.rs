@@ -117,6 +117,22 @@ impl Event {
     pub fn kind_name(&self) -> &'static str {
         self.kind().as_str()
     }
+
+    /// The forward pass it belongs to; `None` for a record made outside any pass and for the
+    /// session's end.
+    pub fn pass(&self) -> Option<usize> {
+        match self {
+            Event::PassBegin(e) => Some(e.pass),
+            Event::PassEnd(e) => Some(e.pass),
+            Event::Layer(e) => Some(e.pass),
+            Event::Logits(e) => Some(e.pass),
+            Event::Attention(e) => e.pass,
+            Event::KvCache(e) => e.pass,
+            Event::Quant(e) => e.pass,
+            Event::Error(e) => e.pass,
+            Event::SessionEnd(_) => None,
+        }
+    }
 }
 
 impl fmt::Display for EventKind {

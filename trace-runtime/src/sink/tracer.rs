@@ -113,8 +113,10 @@ impl ModelTracer {
 
     /// A tracer that keeps no records, only its summary (which covers every record): what a
     /// session that writes a trace file returns unless asked to keep the records too (see
-    /// [`SessionBuilder::in_memory`](crate::SessionBuilder::in_memory)).
-    pub(crate) fn summary_only(config: ModelTracerConfig) -> Self {
+    /// [`SessionBuilder::in_memory`](crate::SessionBuilder::in_memory)), and what replaying a
+    /// long trace file into [`accept`](Self::accept) needs when only the summary is wanted: its
+    /// memory does not grow with the passes.
+    pub fn summary_only(config: ModelTracerConfig) -> Self {
         Self {
             summary_only: true,
             ..Self::new(config)

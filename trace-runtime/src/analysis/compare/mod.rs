@@ -19,7 +19,8 @@ mod tolerance;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +36,7 @@ use crate::summary::TensorSummary;
 /// One tensor of a trace, as comparisons see it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracedTensor {
-    /// Its sequence number: the order the trace computed it in.
+    /// Its sequence number: the order its session computed it in.
     pub seq: u64,
     /// The pass.
     pub pass: usize,
@@ -47,6 +48,14 @@ pub struct TracedTensor {
     pub kind: TensorKind,
     /// The summary.
     pub tensor: TensorSummary,
+    /// The rank that recorded it, in a run of several ranks (the header's `rank`).
+    pub rank: Option<usize>,
+    /// Whether other ranks recorded a tensor of the same pass, layer and name: then each is
+    /// its rank's shard (tensor parallelism), and a shard is compared only with the same
+    /// rank's shard of the other trace (see [`TraceTensors::merge_ranks`]).
+    pub shard: bool,
+    /// The trace file it was read from: its captures are beside it.
+    pub file: Option<Arc<Path>>,
 }
 
 /// The record a compared tensor came from.
@@ -71,41 +80,50 @@ impl TracedTensor {
     pub fn full_name(&self) -> String {
         full_name(self.layer, &self.name)
     }
+
+    /// The rank whose shard it is, if it is a shard.
+    pub fn shard_of(&self) -> Option<usize> {
+        if self.shard {
+            self.rank
+        } else {
+            None
+        }
+    }
 }
 
-/// Every tensor of one trace, in execution order, with what is needed to read its captures.
-#[derive(Debug, Clone)]
+/// Tensors of a trace, in execution order: a whole trace, or one pass of it (a long trace is
+/// compared pass by pass: [`take`](Self::take) empties it to go on).
+#[derive(Debug, Clone, Default)]
 pub struct TraceTensors {
-    /// The trace's header.
-    pub header: TraceHeader,
-    /// The trace file, for a loader of its captured tensors
-    /// ([`read_capture`](crate::read_capture) takes it).
-    pub path: Option<PathBuf>,
-    /// The tensors, by sequence number.
+    /// The tensors.
     pub tensors: Vec<TracedTensor>,
     /// Relative precision of the statistics when they were rounded (a converted trace whose
     /// statistics were printed to a few digits); 0 for exact ones.
     pub stats_precision: f64,
+    /// Stamped on the tensors pushed.
+    rank: Option<usize>,
+    file: Option<Arc<Path>>,
 }
 
 impl TraceTensors {
     /// Collects the tensors of a trace's events: layer stages (input and output included),
-    /// attention probabilities and logits.
+    /// attention probabilities and logits. `file` is where the trace was read from (for a
+    /// loader of its captured tensors).
     pub fn from_events(
-        header: TraceHeader,
-        path: Option<&Path>,
+        header: &TraceHeader,
+        file: Option<&Path>,
         events: impl IntoIterator<Item = Event>,
     ) -> Self {
-        let mut tensors = Self::new(header, path);
+        let mut tensors = Self::new(header, file);
         for event in events {
             tensors.push(event);
         }
         tensors.finish()
     }
 
-    /// No tensors yet: [`push`](Self::push) the events as they are read (keeping only what
-    /// comparisons need of each), then [`finish`](Self::finish).
-    pub fn new(header: TraceHeader, path: Option<&Path>) -> Self {
+    /// No tensors yet: [`push`](Self::push) the events of the trace `header` begins as they
+    /// are read (keeping only what comparisons need of each), then [`finish`](Self::finish).
+    pub fn new(header: &TraceHeader, file: Option<&Path>) -> Self {
         let stats_precision = header
             .metadata
             .extra
@@ -113,16 +131,16 @@ impl TraceTensors {
             .and_then(|p| p.parse().ok())
             .unwrap_or(0.0);
         Self {
-            header,
-            path: path.map(Path::to_path_buf),
             tensors: Vec::new(),
             stats_precision,
+            rank: header.rank,
+            file: file.map(Arc::from),
         }
     }
 
     /// Takes the tensors of one event; other events are ignored.
     pub fn push(&mut self, event: Event) {
-        match event {
+        let (seq, pass, layer, name, kind, tensor) = match event {
             Event::Layer(layer) => {
                 for stage in layer.stages {
                     self.tensors.push(TracedTensor {
@@ -132,34 +150,98 @@ impl TraceTensors {
                         name: stage.name.into_owned(),
                         kind: TensorKind::Stage,
                         tensor: stage.tensor,
+                        rank: self.rank,
+                        shard: false,
+                        file: self.file.clone(),
                     });
                 }
+                return;
             }
-            Event::Attention(attention) => self.tensors.push(TracedTensor {
-                seq: attention.seq,
-                pass: attention.pass.unwrap_or(0),
-                layer: attention.layer,
-                name: "attention".to_owned(),
-                kind: TensorKind::Attention,
-                tensor: attention.probs,
-            }),
-            Event::Logits(logits) => self.tensors.push(TracedTensor {
-                seq: logits.seq,
-                pass: logits.pass,
-                layer: logits.layer,
-                name: "logits".to_owned(),
-                kind: TensorKind::Logits,
-                tensor: logits.logits,
-            }),
-            _ => {}
-        }
+            Event::Attention(a) => (
+                a.seq,
+                a.pass.unwrap_or(0),
+                a.layer,
+                "attention",
+                TensorKind::Attention,
+                a.probs,
+            ),
+            Event::Logits(l) => (
+                l.seq,
+                l.pass,
+                l.layer,
+                "logits",
+                TensorKind::Logits,
+                l.logits,
+            ),
+            _ => return,
+        };
+        self.tensors.push(TracedTensor {
+            seq,
+            pass,
+            layer,
+            name: name.to_owned(),
+            kind,
+            tensor,
+            rank: self.rank,
+            shard: false,
+            file: self.file.clone(),
+        });
     }
 
     /// Puts the tensors in execution order.
     #[must_use]
     pub fn finish(mut self) -> Self {
-        self.tensors.sort_by_key(|t| t.seq);
+        self.tensors.sort_by_key(|t| (t.rank, t.seq));
         self
+    }
+
+    /// The tensors pushed so far, in execution order, leaving none: what a pass by pass reader
+    /// hands on at the end of each pass.
+    pub fn take(&mut self) -> Self {
+        let mut tensors = std::mem::take(&mut self.tensors);
+        tensors.sort_by_key(|t| t.seq);
+        Self {
+            tensors,
+            stats_precision: self.stats_precision,
+            rank: self.rank,
+            file: self.file.clone(),
+        }
+    }
+
+    /// The tensors of several ranks of one run as one trace, for the same pass (or passes) of
+    /// each: rank by rank (a pipeline's ranks run its layers in rank order), each in execution
+    /// order. Where several ranks recorded a tensor of the same pass, layer and name, each is
+    /// marked a [`shard`](TracedTensor::shard) of its rank: tensor parallelism splits a
+    /// tensor across the ranks, and a shard is compared with the same rank's shard only. (The
+    /// whole tensor, when a rank records it after gathering the shards, is compared as a
+    /// whole.) The statistics' precision is the coarsest of theirs.
+    pub fn merge_ranks(parts: impl IntoIterator<Item = TraceTensors>) -> Self {
+        let mut merged = Self::default();
+        for part in parts {
+            merged.stats_precision = merged.stats_precision.max(part.stats_precision);
+            merged.tensors.extend(part.tensors);
+        }
+        merged.tensors.sort_by_key(|t| (t.pass, t.rank, t.seq));
+        let mut ranks: HashMap<(usize, usize, &str), Option<usize>> = HashMap::new();
+        let mut sharded = std::collections::HashSet::new();
+        for t in &merged.tensors {
+            let key = (t.pass, t.layer, t.name.as_str());
+            match ranks.get(&key) {
+                Some(&rank) if rank != t.rank => {
+                    sharded.insert((t.pass, t.layer, t.name.clone()));
+                }
+                Some(_) => {}
+                None => {
+                    ranks.insert(key, t.rank);
+                }
+            }
+        }
+        if !sharded.is_empty() {
+            for t in &mut merged.tensors {
+                t.shard = sharded.contains(&(t.pass, t.layer, t.name.clone()));
+            }
+        }
+        merged
     }
 }
 
@@ -244,6 +326,10 @@ pub struct TensorComparison {
     pub layer: usize,
     /// The name (after renaming).
     pub name: String,
+    /// The rank whose shard both tensors are (see [`TracedTensor::shard`]); `None` for whole
+    /// tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<usize>,
     /// The reference's sequence number.
     pub seq: u64,
     /// Shapes: reference, other.
@@ -280,6 +366,22 @@ pub struct Unmatched {
     pub layer: usize,
     /// The name (after renaming).
     pub name: String,
+    /// The rank whose shard it is; `None` for a whole tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<usize>,
+}
+
+impl Unmatched {
+    /// `pass 3 layer.7.mlp_out`, with `(rank 1's shard)` for a shard.
+    pub fn describe(&self) -> String {
+        let shard = self
+            .shard
+            .map_or_else(String::new, |rank| format!(" (rank {rank}'s shard)"));
+        format!(
+            "pass {} layer.{}.{}{shard}",
+            self.pass, self.layer, self.name
+        )
+    }
 }
 
 /// How to compare.
@@ -329,9 +431,12 @@ impl Comparison {
 /// summaries). It is asked only when [`CompareOptions::use_captures`] is set and the pair is
 /// not bit-identical, for the reference's tensor first and the other's only when the
 /// reference's was captured. A loader of trace files on disk reads
-/// [`TracedTensor::tensor`]'s `capture` beside [`TraceTensors::path`] with
+/// [`TracedTensor::tensor`]'s `capture` beside [`TracedTensor::file`] with
 /// [`read_capture`](crate::read_capture); `|_, _| None::<Result<_, String>>` compares
 /// summaries only.
+///
+/// The traces may be whole or one pass each: a long run is compared pass by pass, each pass's
+/// result folded into what the caller keeps (`model-trace diff` does so).
 pub fn compare<E: fmt::Display>(
     reference: &TraceTensors,
     other: &TraceTensors,
@@ -343,12 +448,12 @@ pub fn compare<E: fmt::Display>(
         if t.is_stage() {
             let renamed = options.names.rename(&t.full_name());
             if let Some((layer, name)) = split_full_name(&renamed) {
-                return (t.pass, layer, name.to_owned());
+                return (t.pass, layer, name.to_owned(), t.shard_of());
             }
         }
-        (t.pass, t.layer, t.name.clone())
+        (t.pass, t.layer, t.name.clone(), t.shard_of())
     };
-    let mut others: HashMap<(usize, usize, String), &TracedTensor> =
+    let mut others: HashMap<(usize, usize, String, Option<usize>), &TracedTensor> =
         HashMap::with_capacity(other.tensors.len());
     for tensor in &other.tensors {
         others.entry(key(tensor)).or_insert(tensor);
@@ -365,6 +470,7 @@ pub fn compare<E: fmt::Display>(
                 pass: k.0,
                 layer: k.1,
                 name: k.2,
+                shard: k.3,
             });
             continue;
         };
@@ -381,6 +487,7 @@ pub fn compare<E: fmt::Display>(
             pass: k.0,
             layer: k.1,
             name: k.2,
+            shard: k.3,
             ..compared
         });
     }
@@ -392,12 +499,13 @@ pub fn compare<E: fmt::Display>(
                 pass: k.0,
                 layer: k.1,
                 name: k.2,
+                shard: k.3,
             });
         }
     }
     comparison.extra.dedup();
     let names = (reference.tensors.iter()).chain(&other.tensors).map(|t| {
-        let (_, layer, name) = key(t);
+        let (_, layer, name, _) = key(t);
         full_name(layer, &name)
     });
     comparison.unused_overrides = options.tolerances.unused_overrides(names);
@@ -427,6 +535,7 @@ impl Pair<'_> {
             pass: 0,
             layer: 0,
             name: String::new(),
+            shard: None,
             seq: self.reference.1.seq,
             shapes: (a.shape.clone(), b.shape.clone()),
             tolerance: self.tolerance,
