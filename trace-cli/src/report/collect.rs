@@ -11,6 +11,10 @@ use trace_runtime::{
 
 /// Passes whose per-layer statistics and logit evolution the page can show, at most.
 pub(crate) const SHOWN_PASSES: usize = 48;
+/// The first passes always shown (the prompt, the first tokens).
+const FIRST_SHOWN: usize = 8;
+/// The last passes always shown.
+const LAST_SHOWN: usize = 4;
 /// Query positions (and keys) of the attention heatmaps.
 pub(crate) const PATTERN_QUERIES: usize = 64;
 /// The statistics kept per (pass, layer, stage), in this order.
@@ -140,7 +144,11 @@ pub(crate) struct Collector {
     pass_index: HashMap<usize, usize>,
     stages: Vec<String>,
     stage_index: HashMap<String, usize>,
-    stats: Vec<PassStats>,
+    /// Per pass index, of the passes the page may show (see [`Collector::may_show`]).
+    stats: HashMap<usize, PassStats>,
+    /// Every `stride`-th pass is kept as one the page may show: doubled whenever more than
+    /// twice [`SHOWN_PASSES`] are, so that a long run keeps a bounded number.
+    stride: usize,
     output: Vec<Vec<(usize, f32, f32)>>,
     layers: usize,
     layer_ms: BTreeMap<usize, LayerTime>,
@@ -172,7 +180,8 @@ impl Collector {
             pass_index: HashMap::new(),
             stages: Vec::new(),
             stage_index: HashMap::new(),
-            stats: Vec::new(),
+            stats: HashMap::new(),
+            stride: 1,
             output: Vec::new(),
             layers: 0,
             layer_ms: BTreeMap::new(),
@@ -194,8 +203,9 @@ impl Collector {
                     layers: 0,
                     anomalies: Vec::new(),
                 });
-                self.stats.push(PassStats::new());
+                self.stats.insert(self.passes.len() - 1, PassStats::new());
                 self.output.push(Vec::new());
+                self.forget_passes_not_shown();
             }
             Event::PassEnd(end) => self.end_pass(end),
             Event::Layer(layer) => self.layer(layer),
@@ -254,7 +264,40 @@ impl Collector {
             })
             .collect();
         if let Some(first) = end.logit_evolution.first() {
-            self.logits.insert(at, first.clone());
+            if self.may_show(at) {
+                self.logits.insert(at, first.clone());
+            }
+        }
+    }
+
+    /// Whether the page may show the pass at index `at` (see [`shown_passes`]): one of the
+    /// first 8 or the last 4, anomalous, or on the stride.
+    fn may_show(&self, at: usize) -> bool {
+        at < FIRST_SHOWN
+            || at + LAST_SHOWN >= self.passes.len()
+            || at.is_multiple_of(self.stride)
+            || !self.passes[at].anomalies.is_empty()
+    }
+
+    /// Drops the statistics of passes the page can no longer show: the one that has just left
+    /// the last 4, and when the stride doubles, those off it.
+    fn forget_passes_not_shown(&mut self) {
+        let n = self.passes.len();
+        if n.saturating_sub(FIRST_SHOWN) / self.stride > 2 * SHOWN_PASSES {
+            self.stride *= 2;
+            let dropped: Vec<usize> = (self.stats.keys().copied())
+                .filter(|&at| !self.may_show(at))
+                .collect();
+            for at in dropped {
+                self.stats.remove(&at);
+                self.logits.remove(&at);
+            }
+        }
+        if let Some(left) = n.checked_sub(LAST_SHOWN + 1) {
+            if !self.may_show(left) {
+                self.stats.remove(&left);
+                self.logits.remove(&left);
+            }
         }
     }
 
@@ -286,7 +329,9 @@ impl Collector {
             };
             let s = &stage.tensor.stats;
             let max_abs = s.min.abs().max(s.max.abs());
-            self.stats[at].insert((layer.layer, index), [s.mean, s.std, max_abs, s.l2_norm]);
+            if let Some(stats) = self.stats.get_mut(&at) {
+                stats.insert((layer.layer, index), [s.mean, s.std, max_abs, s.l2_norm]);
+            }
         }
         if let Some(output) = layer.stage("output") {
             let s = &output.tensor.stats;
@@ -321,14 +366,16 @@ impl Collector {
         let mut summary = self.tracer.summary();
         // Said of a session's tracer: where its records went. Here they are in the file read.
         summary.summary_only = false;
-        let shown_passes = shown_passes(&self.passes);
+        let mut kept: Vec<usize> = self.stats.keys().copied().collect();
+        kept.sort_unstable();
+        let shown_passes = shown_passes(&self.passes, &kept);
         let (layers, stages) = (self.layers, self.stages.len());
         let mut stats = Vec::with_capacity(shown_passes.len() * layers * stages * 4);
         for &at in &shown_passes {
             for layer in 0..layers {
                 for stage in 0..stages {
-                    let values = self.stats[at]
-                        .get(&(layer, stage))
+                    let values = (self.stats.get(&at))
+                        .and_then(|stats| stats.get(&(layer, stage)))
                         .copied()
                         .unwrap_or([f32::NAN; 4]);
                     stats.extend(values);
@@ -437,14 +484,15 @@ impl Collector {
     }
 }
 
-/// Indices (into the passes) of those the page can show: all of them up to [`SHOWN_PASSES`],
-/// else the first 8, the anomalous ones, the last 4 and evenly spaced others.
-fn shown_passes(passes: &[PassInfo]) -> Vec<usize> {
+/// Indices (into the passes) of those the page shows: all of them up to [`SHOWN_PASSES`],
+/// else the first 8, the anomalous ones, the last 4 and others spread evenly, each the one of
+/// `kept` (sorted: the passes whose statistics were kept) nearest its even place.
+fn shown_passes(passes: &[PassInfo], kept: &[usize]) -> Vec<usize> {
     let n = passes.len();
     if n <= SHOWN_PASSES {
         return (0..n).collect();
     }
-    let mut chosen: Vec<usize> = (0..8).chain(n - 4..n).collect();
+    let mut chosen: Vec<usize> = (0..FIRST_SHOWN).chain(n - LAST_SHOWN..n).collect();
     chosen.extend(
         passes
             .iter()
@@ -457,7 +505,14 @@ fn shown_passes(passes: &[PassInfo]) -> Vec<usize> {
     chosen.dedup();
     let room = SHOWN_PASSES.saturating_sub(chosen.len());
     for k in 1..=room {
-        chosen.push(k * (n - 1) / (room + 1));
+        let even = k * (n - 1) / (room + 1);
+        let after = kept.partition_point(|&at| at < even);
+        let nearest = [after.checked_sub(1), Some(after)]
+            .into_iter()
+            .flatten()
+            .filter_map(|i| kept.get(i).copied())
+            .min_by_key(|&at| at.abs_diff(even));
+        chosen.extend(nearest);
     }
     chosen.sort_unstable();
     chosen.dedup();
@@ -538,13 +593,63 @@ mod tests {
                 },
             })
             .collect();
-        let shown = shown_passes(&passes);
+        let all: Vec<usize> = (0..passes.len()).collect();
+        let shown = shown_passes(&passes, &all);
         assert!(shown.len() <= SHOWN_PASSES, "{}", shown.len());
         assert!(shown.len() >= SHOWN_PASSES - 2, "{}", shown.len());
         for must in [0, 7, 500, 996, 999] {
             assert!(shown.contains(&must), "{must} not in {shown:?}");
         }
         assert!(shown.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(shown_passes(&passes[..10]), (0..10).collect::<Vec<_>>());
+        assert_eq!(
+            shown_passes(&passes[..10], &all),
+            (0..10).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_long_run_keeps_the_statistics_of_a_bounded_number_of_passes() {
+        let config = serde_json::to_value(trace_runtime::ModelTracerConfig::lightweight()).unwrap();
+        let header: TraceHeader = serde_json::from_value(serde_json::json!({
+            "format": "model-trace", "schema": 1, "writer": "test", "session": 1,
+            "process_id": 1, "thread": {"id": 1, "name": null},
+            "clock": {"epoch_unix_ns": 0, "session_start_ns": 0},
+            "config": config, "filter": "", "capture": "", "tracepoints": [], "metadata": {}
+        }))
+        .unwrap();
+        let mut collector = Collector::new(&header);
+        let passes = 5000;
+        let mut most_kept = 0;
+        for pass in 0..passes {
+            let begin = serde_json::json!({"event": "pass_begin", "seq": 0, "pass": pass,
+                "position": pass, "tracepoint": "m", "function": "f", "start_ns": 0});
+            collector.accept(serde_json::from_value(begin).unwrap());
+            let anomalies = if pass == 2500 {
+                serde_json::json!([{"layer": 0, "stage": "output", "kind": "Nan",
+                    "description": "NaN"}])
+            } else {
+                serde_json::json!([])
+            };
+            let end = serde_json::json!({"event": "pass_end", "seq": 0, "pass": pass,
+                "position": pass, "duration_ns": 1, "layers": 0, "anomalies": anomalies,
+                "logit_evolution": []});
+            collector.accept(serde_json::from_value(end).unwrap());
+            most_kept = most_kept.max(collector.stats.len());
+        }
+        assert!(
+            most_kept <= 2 * SHOWN_PASSES + FIRST_SHOWN + LAST_SHOWN + 2,
+            "{most_kept}"
+        );
+        let mut kept: Vec<usize> = collector.stats.keys().copied().collect();
+        kept.sort_unstable();
+        let shown = shown_passes(&collector.passes, &kept);
+        assert!(shown.len() >= SHOWN_PASSES - 4, "{shown:?}");
+        for must in [0, 7, 2500, passes - 1] {
+            assert!(shown.contains(&must), "{must} not in {shown:?}");
+        }
+        assert!(
+            shown.iter().all(|at| kept.contains(at)),
+            "{shown:?} {kept:?}"
+        );
     }
 }
