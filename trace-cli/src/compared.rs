@@ -55,7 +55,7 @@ impl Diffed {
         let other_run = TraceRun::open(&[other.to_path_buf()])?;
         ref_run.warn_missing_ranks();
         other_run.warn_missing_ranks();
-        let mut found = Found::new(pass);
+        let mut found = Found::new(pass, &options);
         let (ref_read, other_read) = std::thread::scope(|scope| {
             let (ref_tx, ref_rx) = sync_channel(PASSES_AHEAD);
             let (other_tx, other_rx) = sync_channel(PASSES_AHEAD);
@@ -222,8 +222,10 @@ struct Found {
     extra: Listed<Unmatched>,
     /// Captures that could not be read, tensors read out of pass order.
     warnings: Listed<String>,
-    /// Full names (after renaming) of every tensor of either trace: which overrides matched.
+    /// Full names (after renaming) of every tensor of either trace: which overrides matched
+    /// (kept only when there are overrides).
     names: HashSet<String>,
+    track_names: bool,
     unused_overrides: Vec<UnusedOverride>,
 }
 
@@ -264,13 +266,27 @@ impl<T> Listed<T> {
 }
 
 impl Found {
-    fn new(pass: Option<usize>) -> Self {
+    fn new(pass: Option<usize>, options: &CompareOptions) -> Self {
+        let t = &options.tolerances;
         Self {
             table: Table {
                 requested: pass,
                 ..Table::default()
             },
+            track_names: !(t.atol_overrides.is_empty()
+                && t.rtol_overrides.is_empty()
+                && t.error_stat_overrides.is_empty()),
             ..Self::default()
+        }
+    }
+
+    /// Notes a tensor's full name, for the overrides that matched none.
+    fn saw(&mut self, layer: usize, name: &str) {
+        if self.track_names {
+            let full = full_name(layer, name);
+            if !self.names.contains(&full) {
+                self.names.insert(full);
+            }
         }
     }
 
@@ -316,13 +332,11 @@ impl Found {
     /// Folds one pass's comparison in.
     fn fold(&mut self, pass: Option<usize>, compared: trace_runtime::compare::Comparison) {
         for unmatched in compared.missing {
-            self.names
-                .insert(full_name(unmatched.layer, &unmatched.name));
+            self.saw(unmatched.layer, &unmatched.name);
             self.missing.push(unmatched);
         }
         for unmatched in compared.extra {
-            self.names
-                .insert(full_name(unmatched.layer, &unmatched.name));
+            self.saw(unmatched.layer, &unmatched.name);
             self.extra.push(unmatched);
         }
         for warning in compared.warnings {
@@ -339,9 +353,7 @@ impl Found {
         let first_before = self.first.is_some();
         for pair in &compared.pairs {
             self.counts.count(pair.verdict);
-            if !self.names.contains(&full_name(pair.layer, &pair.name)) {
-                self.names.insert(full_name(pair.layer, &pair.name));
-            }
+            self.saw(pair.layer, &pair.name);
             row.worst_ratio = row.worst_ratio.max(ratio(pair));
             if pair.verdict.is_divergence() {
                 row.diverged += 1;

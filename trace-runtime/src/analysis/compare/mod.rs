@@ -199,7 +199,9 @@ impl TraceTensors {
     /// hands on at the end of each pass.
     pub fn take(&mut self) -> Self {
         let mut tensors = std::mem::take(&mut self.tensors);
-        tensors.sort_by_key(|t| t.seq);
+        if !tensors.is_sorted_by_key(|t| t.seq) {
+            tensors.sort_unstable_by_key(|t| t.seq);
+        }
         Self {
             tensors,
             stats_precision: self.stats_precision,
@@ -216,12 +218,18 @@ impl TraceTensors {
     /// whole tensor, when a rank records it after gathering the shards, is compared as a
     /// whole.) The statistics' precision is the coarsest of theirs.
     pub fn merge_ranks(parts: impl IntoIterator<Item = TraceTensors>) -> Self {
+        let mut parts: Vec<TraceTensors> = parts.into_iter().collect();
+        if parts.len() == 1 {
+            return parts.remove(0);
+        }
         let mut merged = Self::default();
         for part in parts {
             merged.stats_precision = merged.stats_precision.max(part.stats_precision);
             merged.tensors.extend(part.tensors);
         }
-        merged.tensors.sort_by_key(|t| (t.pass, t.rank, t.seq));
+        merged
+            .tensors
+            .sort_unstable_by_key(|t| (t.pass, t.rank, t.seq));
         let mut ranks: HashMap<(usize, usize, &str), Option<usize>> = HashMap::new();
         let mut sharded = std::collections::HashSet::new();
         for t in &merged.tensors {
@@ -445,7 +453,7 @@ pub fn compare<E: fmt::Display>(
 ) -> Comparison {
     // Names maps rename stages; attention and logits records match as what they are.
     let key = |t: &TracedTensor| {
-        if t.is_stage() {
+        if t.is_stage() && !options.names.is_empty() {
             let renamed = options.names.rename(&t.full_name());
             if let Some((layer, name)) = split_full_name(&renamed) {
                 return (t.pass, layer, name.to_owned(), t.shard_of());
