@@ -4,10 +4,10 @@
 //! | annotation                                | site                                   |
 //! |-------------------------------------------|----------------------------------------|
 //! | `#[trace_model(position = position)]`     | [`Model::forward`]                     |
-//! | `#[trace_layer]`                          | [`Block::forward`]                     |
+//! | `#[trace_layer(index = self.index)]`      | [`Block::forward`]                     |
 //! | `trace_tensor!("attn_in" / "attn_out" / "resid_mid" / "mlp_in" / "mlp_out")` | the `let`s of the same names in [`Block::forward`] (the stage vocabulary of `model_trace::Stage`) |
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
-//! | `#[trace_logits]`                         | [`Model::logits`]                      |
+//! | `#[trace_logits]`                         | [`OutputHead::logits`]                 |
 //! | `trace_logits_value!(&lens, layer = i)` (logit lens) | `lens` in [`Model::forward`] |
 //! | `#[trace_kv_cache]`                       | [`KvCache::append`]: each layer's cache, once per forward pass |
 //! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | `QuantLinear::forward_q4_1` / `forward_q8_0` |
@@ -428,6 +428,8 @@ impl Mlp {
 }
 
 pub struct Block {
+    /// The block's place in the model, 0 for the first: its layer index in traces.
+    index: usize,
     attn_norm: RmsNorm,
     attn: Attention,
     ffn_norm: RmsNorm,
@@ -445,8 +447,10 @@ impl Block {
     /// - `mlp_in`: the MLP norm's output, what the MLP reads;
     /// - `mlp_out`: the MLP's output after `down_proj`, before the residual add.
     ///
-    /// The layer's index is its call order within the forward pass.
-    #[trace_layer]
+    /// The layer's index is the block's place in the model ([`Block::index`]), not its call
+    /// order within the forward pass: a part of the model run on its own (blocks 15 to 29) records
+    /// them as layers 15 to 29.
+    #[trace_layer(index = self.index)]
     pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
         let attn_in = self.attn_norm.forward(x)?;
         trace_tensor!("attn_in", &attn_in);
@@ -461,8 +465,35 @@ impl Block {
         &resid_mid + &mlp_out
     }
 
+    /// The block's place in the model, 0 for the first.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     pub fn attention(&self) -> &Attention {
         &self.attn
+    }
+}
+
+/// The final norm and the output head: what turns the last block's output into logits.
+pub struct OutputHead {
+    norm: RmsNorm,
+    /// The output projection; SmolLM2 ties it to the (Q8_0) token embeddings.
+    head: QuantLinear,
+}
+
+impl OutputHead {
+    /// `hidden: [batch, hidden] -> [batch, vocab]`. Recorded as the layer one past the highest
+    /// layer index of the pass (30 after SmolLM2's 30 blocks).
+    #[trace_logits]
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.project(hidden)
+    }
+
+    /// What [`OutputHead::logits`] computes, without being the final head: the logit lens reads
+    /// every layer through it.
+    fn project(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.norm.forward(hidden)?)
     }
 }
 
@@ -473,9 +504,7 @@ pub struct Model {
     embeddings: Tensor,
     blocks: Vec<Block>,
     caches: Vec<KvCache>,
-    norm: RmsNorm,
-    /// The output projection; SmolLM2 ties it to the (Q8_0) token embeddings.
-    head: QuantLinear,
+    output: OutputHead,
     /// When on, each block's output at the last position also goes through the final norm and
     /// the head (the logit lens). Off by default: it costs one head matmul per layer.
     pub logit_lens: bool,
@@ -515,6 +544,7 @@ impl Model {
         let mut blocks = Vec::with_capacity(config.num_layers);
         for (i, ((q, k, v, o), mlp)) in layers.into_iter().enumerate() {
             blocks.push(Block {
+                index: i,
                 attn_norm: norm(gguf, &format!("blk.{i}.attn_norm.weight"), &config, &device)?,
                 attn: Attention {
                     q,
@@ -548,8 +578,7 @@ impl Model {
             embeddings,
             blocks,
             caches,
-            norm,
-            head,
+            output: OutputHead { norm, head },
             logit_lens: false,
             lens: Vec::new(),
         })
@@ -562,21 +591,8 @@ impl Model {
     /// must equal the number of positions already cached.
     #[trace_model(position = position)]
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
-        if tokens.is_empty() {
-            candle_core::bail!("forward needs at least one token");
-        }
-        if position == 0 {
-            self.clear_cache();
-        }
-        let cached = self.cached_len();
-        if cached != position {
-            candle_core::bail!("forward at position {position}, but {cached} positions are cached");
-        }
-        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
-        let mut x = self
-            .embeddings
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((1, tokens.len(), self.config.hidden_size))?;
+        let mut x = embed(&self.embeddings, tokens)?;
+        continue_sequence(&mut self.caches, position)?;
         self.lens.clear();
         for i in 0..self.blocks.len() {
             x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
@@ -591,16 +607,16 @@ impl Model {
         self.logits(&last_position(&x)?)?.squeeze(0)
     }
 
-    /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`.
-    #[trace_logits]
+    /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`
+    /// ([`OutputHead::logits`], the traced site).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        self.project(hidden)
+        self.output.logits(hidden)
     }
 
     /// What [`Model::logits`] computes, without being the final head: the logit lens reads every
     /// layer through it.
     fn project(&self, hidden: &Tensor) -> Result<Tensor> {
-        self.head.forward(&self.norm.forward(hidden)?)
+        self.output.project(hidden)
     }
 
     /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty unless
@@ -639,7 +655,7 @@ impl Model {
                 &attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down,
             ]);
         }
-        all.push(&self.head);
+        all.push(&self.output.head);
         all
     }
 
@@ -662,6 +678,28 @@ impl Model {
         block.attn_norm.weight = Tensor::from_vec(values, weight.dims(), weight.device())?;
         Ok(())
     }
+}
+
+/// Readies `caches` for a forward pass from `position` on: `position == 0` starts a new sequence
+/// (the caches are cleared); otherwise `position` must equal the number of positions cached.
+fn continue_sequence(caches: &mut [KvCache], position: usize) -> Result<()> {
+    if position == 0 {
+        caches.iter_mut().for_each(KvCache::clear);
+    }
+    let cached = caches.first().map_or(0, KvCache::len);
+    if cached != position {
+        candle_core::bail!("forward at position {position}, but {cached} positions are cached");
+    }
+    Ok(())
+}
+
+/// The rows of `embeddings: [vocab, hidden]` for `tokens`, as `[1, tokens, hidden]`.
+fn embed(embeddings: &Tensor, tokens: &[u32]) -> Result<Tensor> {
+    if tokens.is_empty() {
+        candle_core::bail!("forward needs at least one token");
+    }
+    let ids = Tensor::new(tokens, embeddings.device())?;
+    embeddings.index_select(&ids, 0)?.unsqueeze(0)
 }
 
 /// `[batch, seq, hidden] -> [batch, hidden]` at the last position.
