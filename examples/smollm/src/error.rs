@@ -17,6 +17,8 @@ pub enum Error {
     Trace(model_trace::SessionError),
     /// The run's trace file could not be read back.
     ReadTrace(model_trace::ReadError),
+    /// The model run as a pipeline failed: a stage's computation, session or thread.
+    Pipeline(crate::pipeline::PipelineError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -31,6 +33,7 @@ impl fmt::Display for Error {
             Error::Io(err) => write!(f, "io: {err}"),
             Error::Trace(err) => write!(f, "trace: {err}"),
             Error::ReadTrace(err) => write!(f, "trace file: {err}"),
+            Error::Pipeline(err) => write!(f, "pipeline: {err}"),
         }
     }
 }
@@ -42,6 +45,7 @@ impl std::error::Error for Error {
             Error::Io(err) => Some(err),
             Error::Trace(err) => Some(err),
             Error::ReadTrace(err) => Some(err),
+            Error::Pipeline(err) => Some(err),
             _ => None,
         }
     }
@@ -68,5 +72,11 @@ impl From<model_trace::SessionError> for Error {
 impl From<model_trace::ReadError> for Error {
     fn from(err: model_trace::ReadError) -> Self {
         Error::ReadTrace(err)
+    }
+}
+
+impl From<crate::pipeline::PipelineError> for Error {
+    fn from(err: crate::pipeline::PipelineError) -> Self {
+        Error::Pipeline(err)
     }
 }

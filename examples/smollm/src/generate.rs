@@ -3,7 +3,9 @@
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{argmax, Model};
+use crate::pipeline::Pipeline;
 use crate::tokenizer::GgufTokenizer;
+use candle_core::Tensor;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -57,10 +59,42 @@ pub fn encode_prompt(tokenizer: &GgufTokenizer, prompt: &str) -> Result<Vec<u32>
     Ok(prompt_ids)
 }
 
+/// What greedy decoding runs: the model on the calling thread ([`Model`]) or cut into stages on
+/// threads of their own ([`Pipeline`]); both compute the same logits.
+pub trait Decoder {
+    /// Runs `tokens`, the sequence's tokens from `position` on, and returns the logits `[vocab]`
+    /// for the token after the last one; `position == 0` starts a new sequence.
+    fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor>;
+
+    /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty without it.
+    fn lens_logits(&self) -> Result<Vec<Tensor>>;
+}
+
+impl Decoder for Model {
+    fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        Ok(Model::forward(self, tokens, position)?)
+    }
+
+    fn lens_logits(&self) -> Result<Vec<Tensor>> {
+        Ok(Model::lens_logits(self)?)
+    }
+}
+
+impl Decoder for Pipeline {
+    fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        Ok(Pipeline::forward(self, tokens, position)?)
+    }
+
+    /// A pipeline has no logit lens.
+    fn lens_logits(&self) -> Result<Vec<Tensor>> {
+        Ok(Vec::new())
+    }
+}
+
 /// Greedy decoding: the prompt in one forward pass, then one token per pass through the KV cache,
 /// until `max_tokens` tokens or EOS.
 pub fn greedy(
-    model: &mut Model,
+    model: &mut impl Decoder,
     tokenizer: &GgufTokenizer,
     prompt: &str,
     max_tokens: usize,

@@ -1,5 +1,6 @@
 //! SmolLM2-135M (llama architecture, Q4_1 GGUF) on candle, greedy decoding with a KV cache: the
-//! real model model-trace's annotations are exercised on. See `model` for the annotation sites.
+//! real model model-trace's annotations are exercised on. See `model` for the annotation sites,
+//! and `pipeline` for the model cut into stages on threads of their own, traced one rank a stage.
 
 #[doc(hidden)]
 pub mod bugs;
@@ -7,6 +8,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod model;
+pub mod pipeline;
 pub mod report;
 pub mod tokenizer;
 pub mod trace_level;

@@ -12,6 +12,10 @@
 //! | `#[trace_kv_cache]`                       | [`KvCache::append`]: each layer's cache, once per forward pass |
 //! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | `QuantLinear::forward_q4_1` / `forward_q8_0` |
 //!
+//! Run cut into pipeline stages ([`crate::pipeline`]), each stage's forward function is annotated
+//! `#[trace_model(position = position, name = "stage")]` in place of [`Model::forward`]; the
+//! other sites are the same.
+//!
 //! Built without the `trace` feature the annotations are compiled out.
 //! Everything computes in f32 on the CPU; only the matmul weights stay quantized.
 
@@ -448,8 +452,8 @@ impl Block {
     /// - `mlp_out`: the MLP's output after `down_proj`, before the residual add.
     ///
     /// The layer's index is the block's place in the model ([`Block::index`]), not its call
-    /// order within the forward pass: a part of the model run on its own (blocks 15 to 29) records
-    /// them as layers 15 to 29.
+    /// order within the forward pass: a pipeline stage that runs blocks 15 to 29 records them as
+    /// layers 15 to 29.
     #[trace_layer(index = self.index)]
     pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
         let attn_in = self.attn_norm.forward(x)?;
@@ -680,9 +684,28 @@ impl Model {
     }
 }
 
+/// The model taken apart, for [`crate::pipeline`] to deal its blocks out to stages.
+pub(crate) struct ModelParts {
+    pub(crate) embeddings: Tensor,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) caches: Vec<KvCache>,
+    pub(crate) output: OutputHead,
+}
+
+impl Model {
+    pub(crate) fn into_parts(self) -> ModelParts {
+        ModelParts {
+            embeddings: self.embeddings,
+            blocks: self.blocks,
+            caches: self.caches,
+            output: self.output,
+        }
+    }
+}
+
 /// Readies `caches` for a forward pass from `position` on: `position == 0` starts a new sequence
 /// (the caches are cleared); otherwise `position` must equal the number of positions cached.
-fn continue_sequence(caches: &mut [KvCache], position: usize) -> Result<()> {
+pub(crate) fn continue_sequence(caches: &mut [KvCache], position: usize) -> Result<()> {
     if position == 0 {
         caches.iter_mut().for_each(KvCache::clear);
     }
@@ -694,7 +717,7 @@ fn continue_sequence(caches: &mut [KvCache], position: usize) -> Result<()> {
 }
 
 /// The rows of `embeddings: [vocab, hidden]` for `tokens`, as `[1, tokens, hidden]`.
-fn embed(embeddings: &Tensor, tokens: &[u32]) -> Result<Tensor> {
+pub(crate) fn embed(embeddings: &Tensor, tokens: &[u32]) -> Result<Tensor> {
     if tokens.is_empty() {
         candle_core::bail!("forward needs at least one token");
     }
@@ -703,7 +726,7 @@ fn embed(embeddings: &Tensor, tokens: &[u32]) -> Result<Tensor> {
 }
 
 /// `[batch, seq, hidden] -> [batch, hidden]` at the last position.
-fn last_position(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn last_position(x: &Tensor) -> Result<Tensor> {
     let seq_len = x.dim(1)?;
     x.i((.., seq_len - 1, ..))?.contiguous()
 }
