@@ -245,6 +245,71 @@ pub use trace_runtime::*;
 ///     assert_eq!(tracer.activation_traces()[0].layers.len(), 2);
 /// }
 /// ```
+///
+/// # Pipeline parallelism
+///
+/// A model whose layers are split across threads or processes, each rank running a stage of
+/// consecutive layers and handing its hidden states to the next, is traced one rank at a time:
+/// a session per rank, started on the rank's thread with [`SessionBuilder::rank`] (or
+/// [`SessionBuilder::rank_from_env`] with one process per rank), so each rank writes its own
+/// file (`STEM.rank{r}.EXT`) and says its rank in the header. For the ranks' traces to line up
+/// with the trace of the whole model on one thread:
+/// - annotate each rank's stage function, the function that runs the rank's share of a forward
+///   step, with its own `#[trace_model(position = ...)]`, at the position the whole model's
+///   forward function would have. The rank's thread never enters that function, and without an
+///   annotation of its own every layer it records would fall into one implicit pass;
+/// - give the layers their `index` ([`trace_layer`]): numbered by call order, the layers of a
+///   rank that runs layers 2 and 3 would be recorded as 0 and 1.
+///
+/// Logits outside any layer then belong to the layer one past the highest index of the rank's
+/// pass, as on one thread.
+///
+/// ```
+/// use model_trace::{trace_layer, trace_model, ModelTracer, ModelTracerConfig, Session};
+///
+/// struct Block {
+///     index: usize,
+/// }
+///
+/// impl Block {
+///     #[trace_layer(index = self.index)]
+///     fn forward(&self, x: &[f32]) -> Vec<f32> {
+///         x.iter().map(|v| v + 1.0).collect()
+///     }
+/// }
+///
+/// /// One rank's share of a forward step: two of the model's four blocks.
+/// #[trace_model(position = position)]
+/// fn stage(blocks: &[Block], x: &[f32], position: usize) -> Vec<f32> {
+///     blocks.iter().fold(x.to_vec(), |x, block| block.forward(&x))
+/// }
+///
+/// // Rank `rank` of 2 on a thread of its own, with its own session.
+/// let run_rank = |rank: usize, x: Vec<f32>| {
+///     std::thread::spawn(move || {
+///         let blocks: Vec<Block> = (2 * rank..2 * rank + 2).map(|index| Block { index }).collect();
+///         let session = Session::builder(ModelTracerConfig::lightweight())
+///             .rank(rank, 2)
+///             .start()
+///             .expect("rank below the world size");
+///         let hidden = stage(&blocks, &x, 0);
+///         (hidden, session.finish())
+///     })
+///     .join()
+///     .expect("the rank's thread")
+/// };
+/// let (hidden, rank_0) = run_rank(0, vec![1.0, 2.0]);
+/// let (output, rank_1) = run_rank(1, hidden);
+/// assert_eq!(output, [5.0, 6.0]);
+/// if model_trace::ENABLED {
+///     let layers = |tracer: &ModelTracer| -> Vec<usize> {
+///         let pass = &tracer.activation_traces()[0];
+///         pass.layers.iter().map(|layer| layer.layer_idx).collect()
+///     };
+///     assert_eq!(layers(&rank_0), [0, 1]);
+///     assert_eq!(layers(&rank_1), [2, 3]);
+/// }
+/// ```
 pub use trace_macros::trace_model;
 
 /// Records one layer: statistics of its input and output, plus the stages
@@ -253,7 +318,10 @@ pub use trace_macros::trace_model;
 ///
 /// Arguments, all optional:
 /// - `index = EXPR`: the layer index (any integer type); by default the layer calls of the
-///   current forward pass are numbered 0, 1, 2, ... in the order they are entered. A
+///   current forward pass are numbered 0, 1, 2, ... in the order they are entered. Give it
+///   when a forward pass may not run every layer from the first: a rank of a pipeline-parallel
+///   model that runs layers 15 to 29 would otherwise record them as layers 0 to 14 (see
+///   [`trace_model`] on pipeline parallelism). A
 ///   `#[trace_layer]` called inside another is a layer call of its own (the outer one is
 ///   numbered first) and takes the stages recorded while it runs; layers are filed when they
 ///   return, so the inner one comes first in the records. Give sub-blocks another annotation
