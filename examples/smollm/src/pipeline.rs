@@ -511,7 +511,7 @@ impl fmt::Display for PipelineError {
         match self {
             Self::Stages { stages, layers } => write!(
                 f,
-                "cannot cut {layers} layers into {stages} stages (1 to {layers} can be had)"
+                "cannot cut {layers} layers into {stages} stages: a pipeline of them has 1 to {layers}"
             ),
             Self::LogitLens => f.write_str(
                 "the logit lens needs every layer and the final head in one place; \
