@@ -3,9 +3,11 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use model_trace::{ModelTracerConfig, Session, TraceReader};
+use serde::{Deserialize, Serialize};
 
 use crate::measure::{own_cpu_time, Subject};
 use crate::model::{Model, Step, Variant, PROMPT_TOKENS};
@@ -29,8 +31,8 @@ pub(crate) struct Traces {
     remove: bool,
 }
 
-/// How long the generator took.
-#[derive(Debug, Clone, Copy)]
+/// How long the generator took (what its process prints for the measuring one).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct Generation {
     /// Both files, written at once on two threads.
     pub(crate) wall: Duration,
@@ -42,8 +44,8 @@ pub(crate) struct Generation {
 }
 
 impl Traces {
-    /// Writes A and B (or finds them, with `--reuse`) in the chosen directory.
-    pub(crate) fn prepare(settings: &Settings) -> Result<Self, BenchError> {
+    /// Where the traces go: `--dir`, made if missing, or a new temporary directory.
+    pub(crate) fn new(settings: &Settings) -> Result<Self, BenchError> {
         let (dir, made_dir) = match &settings.dir {
             Some(dir) => (dir.clone(), !dir.exists()),
             None => (
@@ -52,7 +54,7 @@ impl Traces {
             ),
         };
         std::fs::create_dir_all(&dir).map_err(BenchError::io("create", &dir))?;
-        let mut traces = Self {
+        Ok(Self {
             reference: dir.join("a.ndjson"),
             perturbed: dir.join("b.ndjson"),
             report: dir.join("a.html"),
@@ -60,7 +62,12 @@ impl Traces {
             made_dir,
             generation: None,
             remove: !settings.keep && !settings.reuse,
-        };
+        })
+    }
+
+    /// Writes A and B (or finds them, with `--reuse`) in the chosen directory.
+    pub(crate) fn prepare(settings: &Settings) -> Result<Self, BenchError> {
+        let mut traces = Self::new(settings)?;
         if settings.reuse {
             check_reusable(&traces.reference, Variant::Reference, settings)?;
             let perturbed = Variant::Perturbed {
@@ -76,8 +83,7 @@ impl Traces {
             traces.dir.display()
         );
         // From here on the files are ours: removed on error too, unless --keep.
-        let generation = traces.generate(settings);
-        match generation {
+        match traces.run_generator(settings) {
             Ok(generation) => traces.generation = Some(generation),
             Err(error) => {
                 let _ = traces.clean_up(true);
@@ -87,8 +93,35 @@ impl Traces {
         Ok(traces)
     }
 
-    /// A and B at once, one session on each of two threads.
-    fn generate(&self, settings: &Settings) -> Result<Generation, BenchError> {
+    /// Writes A and B in a process of their own, this program run with `--generator`.
+    ///
+    /// Not in this process: Linux charges a process's peak resident set to the children it
+    /// starts afterwards (at `exec`), so the commands' figures would include the generator's.
+    fn run_generator(&self, settings: &Settings) -> Result<Generation, BenchError> {
+        let program =
+            std::env::current_exe().map_err(BenchError::io("find", Path::new("the bench")))?;
+        let mut command = Command::new(&program);
+        command
+            .arg("--generator")
+            .args(["--passes", &settings.passes.to_string()])
+            .arg("--dir")
+            .arg(&self.dir);
+        if let Some(pass) = settings.diverge_at {
+            command.args(["--diverge-at", &pass.to_string()]);
+        }
+        let output = command
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(BenchError::io("run", &program))?;
+        if !output.status.success() {
+            return Err(BenchError::Generator(output.status));
+        }
+        serde_json::from_slice(&output.stdout).map_err(BenchError::GeneratorOutput)
+    }
+
+    /// A and B at once, one session on each of two threads: what `--generator` does.
+    pub(crate) fn write_both(&self, settings: &Settings) -> Result<Generation, BenchError> {
         let cpu_before =
             own_cpu_time().map_err(BenchError::io("read the CPU time of", &self.dir))?;
         let started = Instant::now();
