@@ -241,7 +241,7 @@ struct Table {
 }
 
 /// The first [`LISTED`] items, and how many there were.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 struct Listed<T> {
     items: Vec<T>,
     count: usize,
