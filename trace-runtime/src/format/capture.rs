@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::write_atomically;
-use crate::summary::CaptureRef;
+use crate::summary::{canonical_bits, CaptureRef};
 
 /// Default size of one capture chunk: 64 MiB of tensor data.
 pub const DEFAULT_CAPTURE_CHUNK_BYTES: usize = 64 << 20;
@@ -134,8 +134,8 @@ fn write_safetensors(out: &mut impl Write, tensors: &[Pending]) -> io::Result<()
     out.write_all(&(text.len() as u64).to_le_bytes())?;
     out.write_all(&text)?;
     for tensor in tensors {
-        for value in &tensor.values {
-            out.write_all(&value.to_le_bytes())?;
+        for &value in &tensor.values {
+            out.write_all(&canonical_bits(value).to_le_bytes())?;
         }
     }
     Ok(())
@@ -258,7 +258,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let trace = dir.join("run.ndjson");
         let mut writer = CaptureWriter::new(&trace, 40);
-        let a: Vec<f32> = vec![1.0, f32::NAN, -0.0, f32::INFINITY, 5.5, 6.0];
+        let negative_nan = f32::from_bits(0xffc0_0001);
+        let a: Vec<f32> = vec![1.0, f32::NAN, -0.0, f32::INFINITY, negative_nan, 6.0];
         let b: Vec<f32> = (0..8).map(|i| i as f32 * 0.25).collect();
         let ra = writer
             .add("p0.l0.input.s1".into(), vec![2, 3], a.clone())
@@ -278,7 +279,9 @@ mod tests {
         let (shape, values) = read_capture(&trace, &ra).unwrap();
         assert_eq!(shape, [2, 3]);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&values), bits(&a));
+        // Every NaN is saved as the canonical one.
+        let canonical = [1.0, f32::NAN, -0.0, f32::INFINITY, f32::NAN, 6.0];
+        assert_eq!(bits(&values), bits(&canonical));
         assert_eq!(read_capture(&trace, &rb).unwrap().1, b);
         let missing = CaptureRef {
             file: rb.file.clone(),

@@ -1,16 +1,28 @@
-//! The exact fingerprint of a tensor: BLAKE3 of its values as `f32` little-endian bytes, so two
-//! runs that computed bit-identical values are recognised as such, whatever the framework.
+//! The exact fingerprint of a tensor: BLAKE3 of its values as `f32` little-endian bytes, every NaN
+//! as [`CANONICAL_NAN`], so two runs that computed bit-identical values are recognised as such,
+//! whatever the framework and device.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// BLAKE3 of the tensor's values, row-major, each as the 4 little-endian bytes of its `f32`.
+/// The bits every NaN is fingerprinted (and captured) as: the quiet NaN `0x7fc00000`, whatever its
+/// sign and payload. Frameworks and devices disagree on the NaN they produce (a GPU widens an
+/// `f16` NaN to `0x7fffffff`, the CPU to `0x7fc00000`; `0.0 / 0.0` is `0xffc00000` on x86), and a
+/// NaN is a NaN: a difference there is no difference of the computation.
+pub const CANONICAL_NAN: u32 = 0x7fc0_0000;
+
+/// Values hashed per update when some of them must be rewritten (a NaN): 64 KiB, large enough
+/// for BLAKE3's parallel hashing of whole chunks.
+const REWRITE_CHUNK: usize = 16 * 1024;
+
+/// BLAKE3 of the tensor's values, row-major, each as the 4 little-endian bytes of its `f32`, every
+/// NaN as [`CANONICAL_NAN`].
 ///
-/// Written as 64 lowercase hex digits. Equal fingerprints mean equal bits (NaN payloads and
-/// the sign of zero included); any other difference changes it completely, so it answers only
-/// "identical or not": the [`Sketch`](super::Sketch) measures how far apart.
+/// Written as 64 lowercase hex digits. Equal fingerprints mean equal bits (the sign of zero
+/// included; NaN payloads are not bits of a value); any other difference changes it completely,
+/// so it answers only "identical or not": the [`Sketch`](super::Sketch) measures how far apart.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
 
@@ -18,19 +30,36 @@ impl Fingerprint {
     /// The fingerprint of `data`.
     #[must_use]
     pub fn of(data: &[f32]) -> Self {
+        Self::of_counted(data, data.iter().any(|x| x.is_nan()))
+    }
+
+    /// The fingerprint of `data`, which holds a NaN if `has_nan` (known from its statistics:
+    /// no second look at the values).
+    pub(crate) fn of_counted(data: &[f32], has_nan: bool) -> Self {
         let mut hasher = blake3::Hasher::new();
-        if cfg!(target_endian = "little") {
+        if cfg!(target_endian = "little") && !has_nan {
             hasher.update(as_bytes(data));
         } else {
-            for chunk in data.chunks(256) {
-                let mut bytes = [0u8; 1024];
-                for (slot, value) in bytes.chunks_exact_mut(4).zip(chunk) {
-                    slot.copy_from_slice(&value.to_le_bytes());
+            let mut bytes = vec![0u8; REWRITE_CHUNK.min(data.len()) * 4];
+            for chunk in data.chunks(REWRITE_CHUNK) {
+                for (slot, &value) in bytes.chunks_exact_mut(4).zip(chunk) {
+                    slot.copy_from_slice(&canonical_bits(value).to_le_bytes());
                 }
                 hasher.update(&bytes[..chunk.len() * 4]);
             }
         }
         Self(*hasher.finalize().as_bytes())
+    }
+}
+
+/// The bits of `value`, [`CANONICAL_NAN`] for every NaN.
+#[inline]
+#[must_use]
+pub fn canonical_bits(value: f32) -> u32 {
+    if value.is_nan() {
+        CANONICAL_NAN
+    } else {
+        value.to_bits()
     }
 }
 
@@ -121,6 +150,38 @@ impl<'de> Deserialize<'de> for Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_nan_is_hashed_as_the_canonical_one() {
+        // The test vector of docs/trace-format.md (and of the Python writer's tests): 1.0, NaN,
+        // -NaN, a signalling NaN, -0.0, +inf.
+        let bits = [
+            0x3f80_0000u32,
+            0x7fc0_0000,
+            0xffc0_0000,
+            0x7f80_0001,
+            0x8000_0000,
+            0x7f80_0000,
+        ];
+        let data = bits.map(f32::from_bits);
+        assert_eq!(
+            Fingerprint::of(&data).to_string(),
+            "d03df72855a09d83053c18f5164f3e6aa9906510ec4ab24c528f4026fc67a013"
+        );
+        let canonical = [1.0, f32::NAN, f32::NAN, f32::NAN, -0.0, f32::INFINITY];
+        assert_eq!(Fingerprint::of(&data), Fingerprint::of(&canonical));
+        // Past one rewrite chunk, and with the NaN only in the second chunk.
+        let mut long = vec![0.5f32; REWRITE_CHUNK + 3];
+        long[REWRITE_CHUNK + 1] = f32::from_bits(0xffff_ffff);
+        let mut canonical_long = long.clone();
+        canonical_long[REWRITE_CHUNK + 1] = f32::NAN;
+        assert_eq!(Fingerprint::of(&long), Fingerprint::of(&canonical_long));
+        let mut bytes = Vec::new();
+        for v in &canonical_long {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(Fingerprint::of(&long).0, *blake3::hash(&bytes).as_bytes());
+    }
 
     #[test]
     fn hashes_the_little_endian_bytes() {

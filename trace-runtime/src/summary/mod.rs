@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-pub use fingerprint::{Fingerprint, FingerprintParseError};
+pub use fingerprint::{canonical_bits, Fingerprint, FingerprintParseError, CANONICAL_NAN};
 pub use sketch::{element_hash, Sketch, SKETCH_DIM, SKETCH_SEED};
 
 use crate::config::DigestPolicy;
@@ -30,7 +30,7 @@ pub struct TensorSummary {
     pub dtype: Cow<'static, str>,
     /// Statistics of all values.
     pub stats: TensorStats,
-    /// BLAKE3 of the values as `f32` little-endian bytes.
+    /// BLAKE3 of the values as `f32` little-endian bytes, every NaN as [`CANONICAL_NAN`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<Fingerprint>,
     /// Seeded projections of the values.
@@ -89,11 +89,12 @@ impl TensorSummary {
     ) -> Self {
         let head = values.iter().take(SAMPLE_LEN).copied().collect();
         let tail = values[values.len().saturating_sub(SAMPLE_LEN)..].to_vec();
+        let stats = TensorStats::from_slice(values);
         Self {
             shape,
             dtype: dtype.into(),
-            stats: TensorStats::from_slice(values),
-            fingerprint: Some(Fingerprint::of(values)),
+            stats,
+            fingerprint: Some(Fingerprint::of_counted(values, stats.nan_count > 0)),
             sketch: Some(Sketch::of(values)),
             head,
             tail,
