@@ -42,6 +42,12 @@ pub struct ModelTracerConfig {
     /// (an estimate of their heap size). Past it, new records are counted, not kept; its
     /// summary still covers every record. Default [`DEFAULT_MEMORY_LIMIT_BYTES`].
     pub memory_limit_bytes: usize,
+    /// Device tensors (a GPU's) with fewer elements than this are copied whole to the host,
+    /// asynchronously, and summarised there; larger ones are reduced on the device by one
+    /// kernel. Either way only the end of the forward pass waits for the device. Where a copy
+    /// beats the kernel depends on the device; `0` (the default) reduces every tensor on the
+    /// device. Tensors that get a digest are always copied (a digest needs every value).
+    pub device_copy_below: usize,
 }
 
 impl Default for ModelTracerConfig {
@@ -57,6 +63,7 @@ impl Default for ModelTracerConfig {
             trace_kv_cache: false,
             digests: DigestPolicy::default(),
             memory_limit_bytes: DEFAULT_MEMORY_LIMIT_BYTES,
+            device_copy_below: 0,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The drop guards of `#[trace_model]` and `#[trace_layer]`: they close what they opened,
 //! also while a panic unwinds.
 
-use super::read::read_tensor;
+use super::read::read_stage;
 use crate::session::state;
 use crate::tensor::TraceTensor;
 use crate::tracepoint::callsite::{Callsite, Interest};
@@ -99,10 +99,8 @@ impl LayerGuard {
             return Self::inactive();
         };
         if let (true, Some(input)) = (record, input) {
-            if let Some(summary) =
-                read_tensor(generation, cs, "input", Some(layer), plan, input, None)
-            {
-                state::with_session(generation, |s| s.set_layer_tensor(frame, "input", summary));
+            if let Some(read) = read_stage(generation, cs, "input", layer, plan, input) {
+                state::with_session(generation, |s| s.set_layer_tensor(frame, "input", read));
             }
         }
         Self {
@@ -137,10 +135,8 @@ impl LayerGuard {
         else {
             return;
         };
-        if let Some(summary) =
-            read_tensor(generation, cs, "output", Some(layer), plan, output, None)
-        {
-            state::with_session(generation, |s| s.set_layer_tensor(frame, "output", summary));
+        if let Some(read) = read_stage(generation, cs, "output", layer, plan, output) {
+            state::with_session(generation, |s| s.set_layer_tensor(frame, "output", read));
         }
     }
 }

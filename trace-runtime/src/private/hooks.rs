@@ -1,6 +1,6 @@
 //! The record hooks: what the other annotations call with the value they trace.
 
-use super::read::read_tensor;
+use super::read::{read_stage, read_tensor};
 use crate::record::RecordErrorKind;
 use crate::record::{
     attention_rows, labels, logit_row, AttentionDims, AttentionEvent, Event, KvCacheEvent,
@@ -49,8 +49,8 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
         );
         return;
     }
-    if let Some(summary) = read_tensor(generation, cs, stage, Some(layer), plan, tensor, None) {
-        state::with_session(generation, |s| s.record_stage(stage, summary));
+    if let Some(read) = read_stage(generation, cs, stage, layer, plan, tensor) {
+        state::with_session(generation, |s| s.record_stage(stage, read));
     }
 }
 

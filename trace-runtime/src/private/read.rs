@@ -1,10 +1,48 @@
 //! Reading a tensor: its summary, and its values for whoever else needs them.
 
 use crate::record::RecordErrorKind;
-use crate::session::state::{self, TensorPlan};
-use crate::summary::{summarize, TensorSummary, ValuesReader};
-use crate::tensor::TraceTensor;
+use crate::session::state::{self, StageRead, TensorPlan};
+use crate::summary::{summarize, takes_digest, TensorSummary, ValuesReader};
+use crate::tensor::{SummaryRequest, TraceTensor};
 use crate::tracepoint::callsite::Callsite;
+
+/// Reads a layer's tensor (a stage, the input or the output): started now and finished at the
+/// end of the pass when the tensor can ([`TraceTensor::start_summary`]: a device's) and its
+/// values are not needed at once (a capture needs them), else [`read_tensor`].
+pub(super) fn read_stage(
+    generation: u32,
+    cs: &'static Callsite,
+    what: &str,
+    layer: usize,
+    plan: TensorPlan,
+    tensor: &dyn TraceTensor,
+) -> Option<StageRead> {
+    if !plan.capture {
+        let request = SummaryRequest {
+            digest: takes_digest(plan.digest, tensor),
+            copy_below: plan.copy_below,
+        };
+        match tensor.start_summary(&request) {
+            Some(Ok(read)) => {
+                let placeholder = TensorSummary::from_stats(
+                    tensor.shape().into_owned(),
+                    tensor.dtype_name(),
+                    crate::TensorStats::default(),
+                );
+                return Some(StageRead::Later(placeholder, read, cs.tracepoint()));
+            }
+            Some(Err(error)) => {
+                let message = format!("{what}: {error}");
+                state::with_session(generation, |s| {
+                    s.note_error(Some(cs.tracepoint()), RecordErrorKind::Read, message);
+                });
+                return None;
+            }
+            None => {}
+        }
+    }
+    read_tensor(generation, cs, what, Some(layer), plan, tensor, None).map(StageRead::Now)
+}
 
 /// Reads `tensor` as `plan` says, handing the values to `also` too when given, and saves it in
 /// full when the plan captures it. `None` (and the error noted) when it cannot be read.

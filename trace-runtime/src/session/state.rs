@@ -23,8 +23,9 @@ use crate::record::{
     SessionEnd, StageEvent, TraceHeader,
 };
 use crate::select::{CaptureFilter, TraceFilter};
-use crate::sink::{LayerBegin, ModelTracer, TraceSink};
+use crate::sink::{LayerBegin, LayerEnd, ModelTracer, TraceSink};
 use crate::summary::TensorSummary;
+use crate::tensor::PendingSummary;
 use crate::tracepoint::callsite::{Callsite, Interest};
 use crate::tracepoint::{Tracepoint, TracepointKind};
 
@@ -247,6 +248,40 @@ struct SinkSlot {
 pub(crate) struct TensorPlan {
     pub(crate) digest: DigestPolicy,
     pub(crate) capture: bool,
+    /// [`ModelTracerConfig::device_copy_below`].
+    pub(crate) copy_below: usize,
+}
+
+/// A tensor of a layer as a hook read it: its summary, or a read that the end of the pass
+/// finishes (a device's, see [`TraceTensor::start_summary`](crate::TraceTensor::start_summary)).
+pub(crate) enum StageRead {
+    Now(TensorSummary),
+    /// The summary's shape and dtype, and the read that fills in the rest.
+    Later(TensorSummary, PendingSummary, &'static Tracepoint),
+}
+
+/// The reads of the open pass that its end finishes, and the events held back until then, so
+/// that they reach the sinks complete and in order.
+#[derive(Default)]
+struct Deferred {
+    /// The sequence number of the stage each read fills in (increasing), the read, and the
+    /// tracepoint that asked for it.
+    reads: Vec<(u64, PendingSummary, &'static Tracepoint)>,
+    held: Vec<Event>,
+}
+
+impl Deferred {
+    /// The summary to record for the stage `seq` now: the read's own, or the placeholder of a
+    /// read kept for the end of the pass.
+    fn take(&mut self, seq: u64, read: StageRead) -> TensorSummary {
+        match read {
+            StageRead::Now(summary) => summary,
+            StageRead::Later(placeholder, read, tracepoint) => {
+                self.reads.push((seq, read, tracepoint));
+                placeholder
+            }
+        }
+    }
 }
 
 /// One session's context and its sinks.
@@ -272,6 +307,7 @@ pub(crate) struct SessionState {
     recorder: PassRecorder,
     layers: Vec<LayerFrame>,
     next_frame_id: u64,
+    deferred: Deferred,
     /// Steps recorded per cache (by layer), to number each cache's steps.
     kv_steps: Vec<(Option<usize>, usize)>,
     /// Passes left out by the filter that are running now (see [`suspend`]).
@@ -350,6 +386,7 @@ impl SessionState {
             recorder: PassRecorder::default(),
             layers: Vec::new(),
             next_frame_id: 0,
+            deferred: Deferred::default(),
             kv_steps: Vec::new(),
             suspended: 0,
             implicit_pass_warned: false,
@@ -368,8 +405,17 @@ impl SessionState {
         seq
     }
 
-    /// Hands `event` to every sink that is still running.
-    pub(crate) fn emit(&mut self, event: &Event) {
+    /// Hands `event` to every sink that is still running, or holds it while the pass has reads
+    /// that its end finishes.
+    pub(crate) fn emit(&mut self, event: Event) {
+        if self.deferred.reads.is_empty() {
+            self.deliver(&event);
+        } else {
+            self.deferred.held.push(event);
+        }
+    }
+
+    fn deliver(&mut self, event: &Event) {
         self.memory.accept(event);
         self.for_each_sink(|sink| sink.event(event));
     }
@@ -421,7 +467,7 @@ impl SessionState {
             kind,
             message,
         });
-        self.emit(&event);
+        self.emit(event);
     }
 
     /// Occurrences of distinct errors past [`MAX_DISTINCT_ERRORS`](super::MAX_DISTINCT_ERRORS),
@@ -492,7 +538,7 @@ impl SessionState {
             function,
             start_ns,
         });
-        self.emit(&event);
+        self.emit(event);
         self.pass.insert(Pass {
             id,
             position,
@@ -527,6 +573,10 @@ impl SessionState {
 
     fn close_pass(&mut self) {
         self.close_layers_from(0);
+        if self.pass.is_none() {
+            return;
+        }
+        self.finish_deferred();
         let Some(pass) = self.pass.take() else {
             return;
         };
@@ -540,7 +590,52 @@ impl SessionState {
             anomalies,
             logit_evolution: logits,
         });
-        self.emit(&event);
+        self.emit(event);
+    }
+
+    /// Finishes the pass's deferred reads, in the order they started (a device is waited for
+    /// once, by the first), fills their stages in and hands the held events on, in order. A read
+    /// that fails leaves its stage out of the layer's record, and says so.
+    fn finish_deferred(&mut self) {
+        if self.deferred.reads.is_empty() {
+            return;
+        }
+        let Deferred { reads, held } = std::mem::take(&mut self.deferred);
+        let mut done: Vec<_> = reads
+            .into_iter()
+            .map(|(seq, read, tracepoint)| (seq, Some(read.finish()), tracepoint))
+            .collect();
+        let mut failures = Vec::new();
+        for mut event in held {
+            if let Event::Layer(layer) = &mut event {
+                let index = layer.layer;
+                layer.stages.retain_mut(|stage| {
+                    let Ok(at) = done.binary_search_by_key(&stage.seq, |(seq, _, _)| *seq) else {
+                        return true;
+                    };
+                    match done[at].1.take() {
+                        Some(Ok(summary)) => {
+                            stage.tensor = summary;
+                            true
+                        }
+                        Some(Err(error)) => {
+                            let message = format!("{} of layer {index}: {error}", stage.name);
+                            failures.push((done[at].2, message));
+                            false
+                        }
+                        None => true,
+                    }
+                });
+                if self.config.trace_activations {
+                    self.recorder
+                        .add_layer(LayerActivationTrace::from_event(layer));
+                }
+            }
+            self.deliver(&event);
+        }
+        for (tracepoint, message) in failures {
+            self.note_error(Some(tracepoint), RecordErrorKind::Read, message);
+        }
     }
 
     /// The current pass, opened implicitly for `cause` if none is: logits are kept only inside
@@ -600,20 +695,17 @@ impl SessionState {
     }
 
     /// Adds the layer's `input` or `output` to the frame `frame_id`.
-    pub(crate) fn set_layer_tensor(
-        &mut self,
-        frame_id: u64,
-        name: &'static str,
-        tensor: TensorSummary,
-    ) {
+    pub(crate) fn set_layer_tensor(&mut self, frame_id: u64, name: &'static str, read: StageRead) {
         let seq = self.next_seq();
-        if let Some(frame) = self.layers.iter_mut().rev().find(|f| f.id == frame_id) {
-            frame.stages.push(StageEvent {
-                seq,
-                name: Cow::Borrowed(name),
-                tensor,
-            });
-        }
+        let Some(frame) = self.layers.iter_mut().rev().find(|f| f.id == frame_id) else {
+            return;
+        };
+        let tensor = self.deferred.take(seq, read);
+        frame.stages.push(StageEvent {
+            seq,
+            name: Cow::Borrowed(name),
+            tensor,
+        });
     }
 
     /// Closes the frame `frame_id` and any frame left open inside it.
@@ -628,11 +720,19 @@ impl SessionState {
             let Some(frame) = self.layers.pop() else {
                 break;
             };
+            let end_ns = clock::now_ns();
+            let end = self.pass.as_ref().map(|pass| LayerEnd {
+                seq: frame.seq,
+                pass: pass.id,
+                layer: frame.index,
+                end_ns,
+            });
             let has_stages = frame
                 .stages
                 .iter()
                 .any(|s| s.name != "input" && s.name != "output");
             if !(frame.record || has_stages) {
+                self.end_layer_span(end.as_ref());
                 continue;
             }
             let Some(pass) = self.pass.as_ref().map(|pass| pass.id) else {
@@ -646,21 +746,34 @@ impl SessionState {
                 tracepoint,
                 function,
                 start_ns: frame.start_ns,
-                duration_ns: clock::now_ns().saturating_sub(frame.start_ns),
+                duration_ns: end_ns.saturating_sub(frame.start_ns),
                 stages: frame.stages,
                 residual_ratio: None,
             };
-            if self.config.trace_activations {
+            // A layer with reads still on the device is judged when they are finished.
+            if self.config.trace_activations && self.deferred.reads.is_empty() {
                 self.recorder
                     .add_layer(LayerActivationTrace::from_event(&event));
             }
-            self.emit(&Event::Layer(event));
+            self.emit(Event::Layer(event));
+            self.end_layer_span(end.as_ref());
+        }
+    }
+
+    /// Tells the sinks that a layer call ended (after its event, unless that is held).
+    fn end_layer_span(&mut self, end: Option<&LayerEnd>) {
+        if let Some(end) = end {
+            self.for_each_sink(|sink| sink.layer_end(end));
         }
     }
 
     /// Adds a stage to the innermost open layer; `false` when there is none.
-    pub(crate) fn record_stage(&mut self, stage: &'static str, tensor: TensorSummary) -> bool {
+    pub(crate) fn record_stage(&mut self, stage: &'static str, read: StageRead) -> bool {
         let seq = self.next_seq();
+        if self.layers.is_empty() {
+            return false;
+        }
+        let tensor = self.deferred.take(seq, read);
         match self.layers.last_mut() {
             Some(frame) => {
                 match frame.stages.iter_mut().find(|s| s.name == stage) {
@@ -719,6 +832,7 @@ impl SessionState {
         TensorPlan {
             digest: self.digest,
             capture,
+            copy_below: self.config.device_copy_below,
         }
     }
 
@@ -753,7 +867,7 @@ impl SessionState {
     pub(crate) fn emit_record(&mut self, build: impl FnOnce(u64, Option<usize>) -> Event) {
         let seq = self.next_seq();
         let event = build(seq, self.pass_id());
-        self.emit(&event);
+        self.emit(event);
     }
 
     /// Feeds the statistics of a logits tensor to the pass's anomaly rules.
@@ -820,7 +934,7 @@ impl SessionState {
             errors,
             errors_not_kept: self.errors.overflow,
         });
-        self.emit(&event);
+        self.emit(event);
         self.for_each_sink(|sink| sink.finish());
         self.ended = true;
     }

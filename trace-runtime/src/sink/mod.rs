@@ -40,6 +40,22 @@ pub struct LayerBegin {
     pub start_ns: u64,
 }
 
+/// A layer call that has just ended, for sinks that open a span per layer: its
+/// [`LayerEvent`](crate::LayerEvent) may come later, when the statistics of a device's tensors
+/// are read back at the end of the pass (see
+/// [`TraceTensor::start_summary`](crate::TraceTensor::start_summary)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerEnd {
+    /// The sequence number of its [`LayerBegin`] and of its event.
+    pub seq: u64,
+    /// The pass.
+    pub pass: usize,
+    /// The layer index.
+    pub layer: usize,
+    /// When, in ns on the header's clock.
+    pub end_ns: u64,
+}
+
 /// A destination for what a session records.
 ///
 /// The session calls [`start`](Self::start) once, then [`event`](Self::event) for each event in
@@ -96,6 +112,15 @@ pub trait TraceSink {
     /// A layer call begins; its event follows when it ends.
     fn layer_begin(&mut self, begin: &LayerBegin) -> Result<(), SinkError> {
         let _ = begin;
+        Ok(())
+    }
+
+    /// A layer call ends. Its event, if it records anything, came just before, or comes at the
+    /// end of the pass when the pass reads device tensors (they are read back once a pass, and
+    /// the pass's events are held until then); every [`layer_begin`](Self::layer_begin) is
+    /// matched by one `layer_end`, innermost first.
+    fn layer_end(&mut self, end: &LayerEnd) -> Result<(), SinkError> {
+        let _ = end;
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use tracing::span::EnteredSpan;
 
-use super::{LayerBegin, SinkError, TraceSink};
+use super::{LayerBegin, LayerEnd, SinkError, TraceSink};
 use crate::record::Event;
 
 /// Hands a session's records to the `tracing` crate (feature `tracing`).
@@ -19,7 +19,11 @@ use crate::record::Event;
 ///   `WARN` event, and a record error a `WARN` event.
 ///
 /// Spans are entered on the session's thread and exited in order when layers and passes end,
-/// so a subscriber's timings are those of the model's own calls.
+/// so a subscriber's timings are those of the model's own calls. A pass that reads device
+/// tensors (a GPU's) holds its records until the device is read back at its end: its layer
+/// spans still close when the layers return (a layer's time on the host: queuing its work on
+/// the device), and its `layer recorded` events come at the end, inside the pass span, whose
+/// time includes waiting for the device.
 ///
 /// ```
 /// # use trace_runtime as model_trace;
@@ -79,6 +83,11 @@ impl TraceSink for TracingSink {
         Ok(())
     }
 
+    fn layer_end(&mut self, _end: &LayerEnd) -> Result<(), SinkError> {
+        self.close_layer();
+        Ok(())
+    }
+
     fn event(&mut self, event: &Event) -> Result<(), SinkError> {
         match event {
             Event::PassBegin(begin) => {
@@ -103,7 +112,6 @@ impl TraceSink for TracingSink {
                     duration_ns = layer.duration_ns,
                     "layer recorded"
                 );
-                self.close_layer();
             }
             Event::PassEnd(end) => {
                 if let Some(anomaly) = end.anomalies.first() {

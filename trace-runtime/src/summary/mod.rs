@@ -116,6 +116,15 @@ impl TensorSummary {
 /// Something that wants a tensor's values while they are borrowed.
 pub(crate) type ValuesReader<'a> = &'a mut dyn FnMut(&[f32]);
 
+/// Whether `tensor` gets a digest under `policy`.
+pub(crate) fn takes_digest(policy: DigestPolicy, tensor: &dyn TraceTensor) -> bool {
+    match policy {
+        DigestPolicy::Off => false,
+        DigestPolicy::HostOnly => tensor.on_host(),
+        DigestPolicy::Always => true,
+    }
+}
+
 /// Reads `tensor` once: its summary (with a digest when `digest` asks and the policy allows) and,
 /// when `capture` is given, the values handed to it while they are borrowed.
 pub(crate) fn summarize(
@@ -123,19 +132,12 @@ pub(crate) fn summarize(
     digest: DigestPolicy,
     capture: Option<ValuesReader<'_>>,
 ) -> Result<TensorSummary, TensorError> {
-    let wants_values = capture.is_some()
-        || match digest {
-            DigestPolicy::Off => false,
-            DigestPolicy::HostOnly => tensor.on_host(),
-            DigestPolicy::Always => true,
-        };
+    let with_digest = takes_digest(digest, tensor);
     let shape = tensor.shape().into_owned();
     let dtype = tensor.dtype_name();
-    if !wants_values {
+    if !(with_digest || capture.is_some()) {
         return Ok(TensorSummary::from_stats(shape, dtype, tensor.stats()?));
     }
-    let with_digest =
-        digest != DigestPolicy::Off && (digest == DigestPolicy::Always || tensor.on_host());
     let mut summary = None;
     let mut capture = capture;
     tensor.with_f32(&mut |values| {

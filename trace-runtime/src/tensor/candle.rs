@@ -1,16 +1,17 @@
 //! `candle_core::Tensor` as a [`TraceTensor`]: every dtype, every device.
 //!
-//! On the CPU an `f32` contiguous tensor is read in place, under candle's storage lock.
-//! On another device the statistics are reduced there and only a handful of scalars come back:
-//! copying the activations to the host would force a synchronisation and a transfer per
-//! tracepoint.
+//! On the CPU an `f32` contiguous tensor is read in place, under candle's storage lock. A CUDA
+//! tensor (with this crate's `cuda` feature) is summarised on the GPU by one kernel, or copied to
+//! pinned host memory when it needs a digest, and read back with every other tensor of the
+//! forward pass ([`TraceTensor::start_summary`]). Any other device's tensors are copied to the
+//! host: candle's own ops would take dozens of kernel launches and synchronising copies a tensor.
 
 use std::borrow::Cow;
 
 use candle_core::{DType, Storage, Tensor};
 
-use super::{TensorError, TraceTensor};
-use crate::stats::{FiniteMoments, TensorStats};
+use super::{PendingSummary, SummaryRequest, TensorError, TraceTensor};
+use crate::stats::TensorStats;
 
 impl From<candle_core::Error> for TensorError {
     fn from(error: candle_core::Error) -> Self {
@@ -56,70 +57,21 @@ impl TraceTensor for Tensor {
     }
 
     fn stats(&self) -> Result<TensorStats, TensorError> {
-        if self.device().is_cpu() {
-            let mut stats = TensorStats::default();
-            self.with_f32(&mut |data| stats = TensorStats::from_slice(data))?;
-            return Ok(stats);
+        if let Some(read) = self.start_summary(&SummaryRequest::stats()) {
+            return Ok(read?.finish()?.stats);
         }
-        Ok(device_stats(self)?)
+        let mut stats = TensorStats::default();
+        self.with_f32(&mut |data| stats = TensorStats::from_slice(data))?;
+        Ok(stats)
     }
-}
 
-/// Statistics with candle ops on the tensor's own device; three small copies to the host.
-///
-/// Two passes over the data: the mean first, then the sums of deviations from it, so that
-/// `std` keeps its precision with `f32` device sums (see [`FiniteMoments`]). NaN is found as
-/// `x != x`; finite values as `|x| < inf`.
-pub(crate) fn device_stats(tensor: &Tensor) -> candle_core::Result<TensorStats> {
-    let count = tensor.elem_count();
-    if count == 0 {
-        return Ok(TensorStats::default());
+    fn start_summary(
+        &self,
+        request: &SummaryRequest,
+    ) -> Option<Result<PendingSummary, TensorError>> {
+        let _ = request;
+        None
     }
-    let x = tensor.flatten_all()?.to_dtype(DType::F32)?;
-    let nan = x.ne(&x)?;
-    let finite = x.abs()?.lt(f32::INFINITY)?;
-    let counts = Tensor::stack(
-        &[
-            nan.to_dtype(DType::U32)?.sum_all()?,
-            finite.to_dtype(DType::U32)?.sum_all()?,
-        ],
-        0,
-    )?
-    .to_vec1::<u32>()?;
-    let (nan_count, finite_count) = (counts[0] as usize, counts[1] as usize);
-    let inf_count = count.saturating_sub(nan_count + finite_count);
-    let mut moments = FiniteMoments {
-        count,
-        nan_count,
-        inf_count,
-        ..FiniteMoments::default()
-    };
-    if finite_count == 0 {
-        return Ok(TensorStats::from_moments(&moments));
-    }
-    let zeros = x.zeros_like()?;
-    let finite_x = finite.where_cond(&x, &zeros)?;
-    #[allow(clippy::cast_precision_loss)]
-    let mean = f64::from(finite_x.sum_all()?.to_scalar::<f32>()?) / finite_count as f64;
-    let deviation = finite.where_cond(&x.affine(1.0, -mean)?, &zeros)?;
-    let positive_inf = Tensor::full(f32::INFINITY, x.shape(), x.device())?;
-    let negative_inf = Tensor::full(f32::NEG_INFINITY, x.shape(), x.device())?;
-    let scalars = Tensor::stack(
-        &[
-            deviation.sum_all()?,
-            deviation.sqr()?.sum_all()?,
-            finite.where_cond(&x, &positive_inf)?.min_all()?,
-            finite.where_cond(&x, &negative_inf)?.max_all()?,
-        ],
-        0,
-    )?
-    .to_vec1::<f32>()?;
-    moments.shift = mean;
-    moments.sum = f64::from(scalars[0]);
-    moments.sum_sq = f64::from(scalars[1]);
-    moments.min = scalars[2];
-    moments.max = scalars[3];
-    Ok(TensorStats::from_moments(&moments))
 }
 
 #[cfg(test)]
@@ -128,31 +80,48 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn device_reduction_matches_the_host_statistics() {
+    fn values() -> Vec<f32> {
         let mut values: Vec<f32> = (0..1000).map(|i| 100.0 + (i as f32 * 0.37).sin()).collect();
         values[3] = f32::NAN;
         values[7] = f32::INFINITY;
         values[11] = f32::NEG_INFINITY;
-        let tensor = Tensor::from_vec(values.clone(), (10, 100), &Device::Cpu).unwrap();
-        let device = device_stats(&tensor).unwrap();
-        let host = TensorStats::from_slice(&values);
-        assert_eq!(device.count, host.count);
-        assert_eq!(device.nan_count, 1);
-        assert_eq!(device.inf_count, 2);
-        assert_eq!(device.min, host.min);
-        assert_eq!(device.max, host.max);
-        assert!((device.mean - host.mean).abs() < 1e-5 * host.mean.abs());
-        assert!((device.std - host.std).abs() < 1e-4 * host.std);
-        assert!((device.l2_norm - host.l2_norm).abs() < 1e-5 * host.l2_norm);
+        values
     }
 
     #[test]
-    fn device_reduction_of_all_nan_and_empty() {
-        let nan = Tensor::from_vec(vec![f32::NAN; 4], 4, &Device::Cpu).unwrap();
-        let stats = device_stats(&nan).unwrap();
-        assert_eq!((stats.count, stats.nan_count, stats.mean), (4, 4, 0.0));
-        let empty = Tensor::from_vec(Vec::<f32>::new(), 0, &Device::Cpu).unwrap();
-        assert_eq!(device_stats(&empty).unwrap().count, 0);
+    fn host_tensors_are_read_now_and_in_place() {
+        let tensor = Tensor::from_vec(values(), (10, 100), &Device::Cpu).unwrap();
+        assert!(tensor.start_summary(&SummaryRequest::stats()).is_none());
+        assert_eq!(tensor.stats().unwrap(), TensorStats::from_slice(&values()));
+    }
+
+    #[test]
+    fn views_and_half_precision_are_converted_first() {
+        let tensor = Tensor::from_vec(values(), (10, 100), &Device::Cpu).unwrap();
+        let transposed = tensor.t().unwrap();
+        let expected: Vec<f32> = transposed
+            .contiguous()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(
+            transposed.stats().unwrap(),
+            TensorStats::from_slice(&expected)
+        );
+        for dtype in [DType::F16, DType::BF16] {
+            let half = tensor.to_dtype(dtype).unwrap();
+            let widened: Vec<f32> = half
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let stats = half.stats().unwrap();
+            assert_eq!(stats, TensorStats::from_slice(&widened), "{dtype:?}");
+            assert_eq!((stats.nan_count, stats.inf_count), (1, 2));
+        }
     }
 }

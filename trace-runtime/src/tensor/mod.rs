@@ -3,15 +3,20 @@
 //! Tracing never needs more than the shape and the values as `f32`, so that is all the trait
 //! asks for. Everything that can hand out a borrowed `&[f32]` does so, because copying a
 //! tensor per tracepoint would dominate the cost of tracing. Backends whose data sits behind a
-//! lock or on a device override [`TraceTensor::with_f32`] and [`TraceTensor::stats`] instead.
+//! lock or on a device override [`TraceTensor::with_f32`] and [`TraceTensor::stats`] instead,
+//! and a device's reads start with [`TraceTensor::start_summary`] and finish at the end of the
+//! forward pass.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use crate::stats::TensorStats;
 
+pub use deferred::{PendingSummary, SummaryRequest};
+
 #[cfg(feature = "candle")]
 mod candle;
+mod deferred;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 
@@ -53,6 +58,25 @@ pub trait TraceTensor {
         let mut stats = TensorStats::default();
         self.with_f32(&mut |data| stats = TensorStats::from_slice(data))?;
         Ok(stats)
+    }
+
+    /// Starts reading the summary (statistics, and a digest if `request` asks) where the values
+    /// live, to be [finished](PendingSummary::finish) later; `None` (the default) when the
+    /// tensor is read now, through [`stats`](Self::stats) and [`with_f32`](Self::with_f32).
+    ///
+    /// For a tensor on a device: a read that waits for the device costs a synchronisation per
+    /// tracepoint, which is what makes tracing a GPU model several times slower. A deferred read
+    /// only queues work on the device; the session finishes the reads of a forward pass when the
+    /// pass ends (when the `#[trace_model]` function returns, or unwinds), so the device is
+    /// waited for once a pass. Until then the pass's events are held back, and reach the sinks
+    /// in their order, complete, before the pass's end. Tensors whose values are needed at once
+    /// (attention and logits rows, captures) are read now whatever this returns.
+    fn start_summary(
+        &self,
+        request: &SummaryRequest,
+    ) -> Option<Result<PendingSummary, TensorError>> {
+        let _ = request;
+        None
     }
 }
 
@@ -209,6 +233,13 @@ macro_rules! forward_trace_tensor {
 
             fn on_host(&self) -> bool {
                 (**self).on_host()
+            }
+
+            fn start_summary(
+                &self,
+                request: &SummaryRequest,
+            ) -> Option<Result<PendingSummary, TensorError>> {
+                (**self).start_summary(request)
             }
         }
     )*};
