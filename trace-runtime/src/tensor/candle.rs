@@ -31,6 +31,10 @@ impl TraceTensor for Tensor {
     /// Always a copy: candle lends its data only under a lock guard, which a `Cow` cannot hold.
     /// [`with_f32`](TraceTensor::with_f32) reads `f32` CPU tensors in place.
     fn to_f32(&self) -> Result<Cow<'_, [f32]>, TensorError> {
+        if self.elem_count() == 0 {
+            // Nothing to copy (and a device may refuse an allocation of 0 bytes).
+            return Ok(Cow::Owned(Vec::new()));
+        }
         let flat = self.flatten_all()?.to_dtype(DType::F32)?;
         Ok(Cow::Owned(flat.to_vec1::<f32>()?))
     }
@@ -69,6 +73,10 @@ impl TraceTensor for Tensor {
         &self,
         request: &SummaryRequest,
     ) -> Option<Result<PendingSummary, TensorError>> {
+        #[cfg(feature = "cuda")]
+        if self.device().is_cuda() {
+            return super::cuda::start_summary(self, request);
+        }
         let _ = request;
         None
     }

@@ -16,6 +16,8 @@ pub use deferred::{PendingSummary, SummaryRequest};
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod deferred;
 #[cfg(feature = "ndarray")]
 mod ndarray;
