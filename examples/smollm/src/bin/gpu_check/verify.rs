@@ -13,8 +13,12 @@
 //!
 //! Counts (elements, NaN, ±Inf) and min/max must be exact (as numbers: −0 equals +0); mean,
 //! std and l2 norm within the relative tolerances below, since the device sums in `f32` (from a
-//! shift near the mean); fingerprint, sketch and samples bit for bit. With `--device cpu` both
-//! sides are the CPU: the plumbing is exercised, the comparison is trivial.
+//! shift near the mean); fingerprint, sketch and samples bit for bit. A side that was not
+//! recorded (model-trace could not read it) fails its case; a case that candle cannot make on
+//! the device (CUDA may refuse to allocate an empty tensor: the empty views of non-empty
+//! tensors are cases of their own) is skipped, with candle's error, and counted apart. With
+//! `--device cpu` both sides are the CPU: the plumbing is exercised, the comparison is
+//! trivial.
 
 use std::borrow::Cow;
 use std::sync::mpsc;
@@ -133,7 +137,7 @@ fn cases() -> Vec<Case> {
     let ramp: Vec<f32> = (0..32).map(|i| i as f32 * 0.25 - 2.0).collect();
     let offset: Vec<f32> = random(4096, 3, 0.01).iter().map(|v| 1000.0 + v).collect();
     vec![
-        Case::new("ramp", F32, &[4, 8], ramp),
+        Case::new("ramp", F32, &[4, 8], ramp.clone()),
         Case::new("random", F32, &[64, 576], random(64 * 576, 1, 3.0)),
         Case::new("mean 1000, spread 0.01", F32, &[4096], offset),
         Case::new("NaN and ±Inf", F32, &[1000], with_specials(1000, 4)),
@@ -146,6 +150,11 @@ fn cases() -> Vec<Case> {
         ),
         Case::new("empty", F32, &[0], Vec::new()),
         Case::new("empty rows", F32, &[4, 0], Vec::new()),
+        Case::new("ramp", F32, &[4, 8], ramp).view(View::Narrowed {
+            dim: 1,
+            start: 3,
+            len: 0,
+        }),
         Case::new("scalar", F32, &[], vec![-2.5]),
         Case::new("subnormal", F32, &[256], random(256, 5, 1e-39)),
         Case::new("1M", F32, &[1024, 1024], random(MILLION, 6, 2.0)),
@@ -325,21 +334,51 @@ impl Checks {
     }
 }
 
-/// A case's outcome: the checks, or why they could not run.
+/// What became of a case.
+enum Outcome {
+    /// Both sides were recorded and compared.
+    Compared(Checks),
+    /// Candle cannot make the tensor on the device (an empty one, on CUDA), so there is
+    /// nothing of model-trace's to check.
+    Skipped(String),
+    /// A side was not recorded: model-trace failed to read it.
+    Unrecorded(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Fail,
+    Skip,
+}
+
+impl Verdict {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::Fail => "FAIL",
+            Self::Skip => "skip",
+        }
+    }
+}
+
+/// A case and its outcome.
 struct Row<'a> {
     case: &'a Case,
     /// The viewed tensor's shape.
     shape: Vec<usize>,
     cpu: Option<TensorStats>,
     device: Option<TensorStats>,
-    checks: Result<Checks, String>,
+    outcome: Outcome,
 }
 
 impl Row<'_> {
-    fn pass(&self) -> bool {
-        self.checks
-            .as_ref()
-            .is_ok_and(|c| c.statistics_pass() && c.digest_pass())
+    fn verdict(&self) -> Verdict {
+        match &self.outcome {
+            Outcome::Compared(c) if c.statistics_pass() && c.digest_pass() => Verdict::Pass,
+            Outcome::Compared(_) | Outcome::Unrecorded(_) => Verdict::Fail,
+            Outcome::Skipped(_) => Verdict::Skip,
+        }
     }
 }
 
@@ -379,37 +418,57 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         .enumerate()
         .map(|(i, case)| {
             let shape = cpu[i].as_ref().map_or_else(Vec::new, |t| t.dims().to_vec());
-            let checks = match (&build_errors[i], &cpu_stats[i], &device_stats[i]) {
-                (Some(error), ..) => Err(error.clone()),
+            let outcome = match (&build_errors[i], &cpu_stats[i], &device_stats[i]) {
+                (Some(error), ..) => Outcome::Skipped(error.clone()),
                 (None, Ok(c), Ok(d)) => match (&cpu_digests[i], &device_digests[i]) {
-                    (Ok(cd), Ok(dd)) => Ok(Checks::compare(&c.stats, &d.stats, cd, dd)),
-                    (Err(e), _) => Err(format!("cpu, digests: {e}")),
-                    (_, Err(e)) => Err(format!("{}, digests: {e}", opened.name)),
+                    (Ok(cd), Ok(dd)) => {
+                        Outcome::Compared(Checks::compare(&c.stats, &d.stats, cd, dd))
+                    }
+                    (Err(e), _) => Outcome::Unrecorded(format!("cpu, digests: {e}")),
+                    (_, Err(e)) => Outcome::Unrecorded(format!("{}, digests: {e}", opened.name)),
                 },
-                (None, Err(e), _) => Err(format!("cpu: {e}")),
-                (None, _, Err(e)) => Err(format!("{}: {e}", opened.name)),
+                (None, Err(e), _) => Outcome::Unrecorded(format!("cpu: {e}")),
+                (None, _, Err(e)) => Outcome::Unrecorded(format!("{}: {e}", opened.name)),
             };
             Row {
                 case,
                 shape,
                 cpu: cpu_stats[i].as_ref().ok().map(|s| s.stats),
                 device: device_stats[i].as_ref().ok().map(|s| s.stats),
-                checks,
+                outcome,
             }
         })
         .collect();
     print_table(&rows, opened.name);
-    let failed = rows.iter().filter(|row| !row.pass()).count();
     if let Some(path) = &args.json {
         write_json(path, &to_json(&rows, opened.name))?;
     }
-    if failed == 0 {
-        println!("verify: all {} cases match", rows.len());
+    let count = |verdict| rows.iter().filter(|row| row.verdict() == verdict).count();
+    let (passed, failed, skipped) = (
+        count(Verdict::Pass),
+        count(Verdict::Fail),
+        count(Verdict::Skip),
+    );
+    let skipped_note = if skipped > 0 {
+        format!(
+            "; {skipped} skipped: candle cannot make them on {}",
+            opened.name
+        )
+    } else {
+        String::new()
+    };
+    if passed == 0 && failed == 0 {
+        Err(Failure::Setup(format!(
+            "no case could be built on {}",
+            opened.name
+        )))
+    } else if failed == 0 {
+        println!("verify: all {passed} cases compared match{skipped_note}");
         Ok(())
     } else {
         Err(Failure::Failed(format!(
-            "{failed} of {} cases differ between the CPU and {}",
-            rows.len(),
+            "{failed} of {} cases differ between the CPU and {}{skipped_note}",
+            passed + failed,
             opened.name
         )))
     }
@@ -456,8 +515,8 @@ fn print_table(rows: &[Row<'_>], device: &str) {
             case.view.describe(),
             row.shape
         );
-        match &row.checks {
-            Ok(c) => println!(
+        match &row.outcome {
+            Outcome::Compared(c) => println!(
                 "{head} {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 mark(c.counts),
                 mark(c.min_max),
@@ -467,13 +526,17 @@ fn print_table(rows: &[Row<'_>], device: &str) {
                 mark(c.fingerprint),
                 mark(c.sketch),
                 mark(c.samples),
-                if row.pass() { "pass" } else { "FAIL" }
+                row.verdict().as_str()
             ),
-            Err(error) => println!("{head} {error} | | | | | | | | FAIL |"),
+            Outcome::Skipped(reason) | Outcome::Unrecorded(reason) => println!(
+                "{head} {reason} | | | | | | | | {} |",
+                row.verdict().as_str()
+            ),
         }
     }
     for (i, row) in rows.iter().enumerate() {
-        if let (false, Some(cpu), Some(dev)) = (row.pass(), &row.cpu, &row.device) {
+        let failed = row.verdict() == Verdict::Fail;
+        if let (true, Some(cpu), Some(dev)) = (failed, &row.cpu, &row.device) {
             println!("\n#{i} cpu:    {cpu:?}\n#{i} {device}: {dev:?}");
         }
     }
@@ -483,8 +546,8 @@ fn to_json(rows: &[Row<'_>], device: &str) -> serde_json::Value {
     let cases: Vec<serde_json::Value> = rows
         .iter()
         .map(|row| {
-            let checks = match &row.checks {
-                Ok(c) => json!({
+            let checks = match &row.outcome {
+                Outcome::Compared(c) => json!({
                     "counts": c.counts,
                     "min_max": c.min_max,
                     "mean_rel_err": c.mean_rel,
@@ -494,7 +557,8 @@ fn to_json(rows: &[Row<'_>], device: &str) -> serde_json::Value {
                     "sketch": c.sketch,
                     "samples": c.samples,
                 }),
-                Err(error) => json!({ "error": error }),
+                Outcome::Skipped(reason) => json!({ "skipped": reason }),
+                Outcome::Unrecorded(error) => json!({ "error": error }),
             };
             json!({
                 "case": row.case.name,
@@ -504,7 +568,7 @@ fn to_json(rows: &[Row<'_>], device: &str) -> serde_json::Value {
                 "cpu": row.cpu,
                 "device": row.device,
                 "checks": checks,
-                "pass": row.pass(),
+                "result": row.verdict().as_str().to_lowercase(),
             })
         })
         .collect();
@@ -517,7 +581,7 @@ fn to_json(rows: &[Row<'_>], device: &str) -> serde_json::Value {
             "l2_rtol": L2_RTOL,
         },
         "cases": cases,
-        "pass": rows.iter().all(Row::pass),
+        "pass": rows.iter().all(|row| row.verdict() != Verdict::Fail),
     })
 }
 
@@ -584,6 +648,31 @@ mod tests {
     }
 
     #[test]
+    fn unbuildable_cases_are_skipped_and_unrecorded_ones_fail() {
+        let cases = cases();
+        let row = |outcome| Row {
+            case: &cases[0],
+            shape: Vec::new(),
+            cpu: None,
+            device: None,
+            outcome,
+        };
+        let s = summary(&[1.0, 2.0]);
+        let mut off = Checks::compare(&s.stats, &s.stats, &s, &s);
+        assert_eq!(row(Outcome::Compared(off)).verdict(), Verdict::Pass);
+        off.sketch = false;
+        assert_eq!(row(Outcome::Compared(off)).verdict(), Verdict::Fail);
+        assert_eq!(
+            row(Outcome::Skipped("empty".into())).verdict(),
+            Verdict::Skip
+        );
+        assert_eq!(
+            row(Outcome::Unrecorded("read".into())).verdict(),
+            Verdict::Fail
+        );
+    }
+
+    #[test]
     fn views_take_the_shapes_they_say() {
         for case in cases() {
             let tensor = case.build(&Device::Cpu).unwrap();
@@ -605,7 +694,7 @@ mod tests {
                 case.view.describe()
             );
             assert_eq!(tensor.dtype(), case.dtype);
-            if !matches!(case.view, View::Whole) {
+            if !matches!(case.view, View::Whole) && tensor.elem_count() > 0 {
                 assert!(!tensor.is_contiguous(), "{} is a strided view", case.name);
             }
         }
