@@ -1,0 +1,109 @@
+//! `gpu_check`: model-trace on a GPU, checked by a program that needs no cargo where it runs.
+//!
+//! ```sh
+//! cargo build --release -p smollm --features trace,cuda --bin gpu_check
+//! gpu_check bench [--device cpu|cuda] [--dtype f32|f16|bf16] [--rounds R] [--passes P] [--layers N] [--json OUT]
+//! gpu_check verify [--device cpu|cuda] [--json OUT]
+//! ```
+//!
+//! `bench` times a decode step of SmolLM2-135M's shape with random weights (the `model`
+//! module: 30 blocks annotated as `examples/smollm` is, 210 traced tensors a pass) against its
+//! unannotated twin, with no session, a lightweight session and full tracing into a trace file
+//! (see the `bench` module for how it measures). `verify` records tensors on the device and
+//! the same tensors on the CPU and compares the statistics and digests model-trace keeps of
+//! them (the `verify` module). Both take the device from `--device`; by default GPU 0 when the
+//! binary was built with the `cuda` feature and one opens, else the CPU, saying so. Built
+//! without `--features trace`, the annotations are compiled out: `bench` then measures the
+//! untraced step in every configuration and `verify` refuses to run.
+//!
+//! Exit status: 0 success (every case matched, for `verify`), 1 a check failed (a mismatch,
+//! logits of the traced step that differ from the twin's, record errors), 2 bad arguments or a
+//! setup error (no such device, a build without the feature asked for).
+
+mod args;
+mod bench;
+mod device;
+mod model;
+mod verify;
+
+use std::fmt;
+use std::path::Path;
+use std::process::ExitCode;
+
+use args::Command;
+
+/// Why the program stops early; each kind has its exit status.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad arguments: exit 2, with the usage.
+    Usage(String),
+    /// The device, a file or candle failed: exit 2.
+    Setup(String),
+    /// A check failed: exit 1.
+    Failed(String),
+}
+
+impl Failure {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Failed(_) => ExitCode::FAILURE,
+            Self::Usage(_) | Self::Setup(_) => ExitCode::from(2),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Usage(message) => write!(f, "error: {message}\n{}", args::USAGE),
+            Self::Setup(message) | Self::Failed(message) => write!(f, "error: {message}"),
+        }
+    }
+}
+
+impl From<candle_core::Error> for Failure {
+    fn from(error: candle_core::Error) -> Self {
+        Self::Setup(format!("candle: {error}"))
+    }
+}
+
+fn main() -> ExitCode {
+    let outcome = match args::parse(std::env::args().skip(1)) {
+        Ok(Command::Help) => {
+            println!("{}", args::USAGE);
+            Ok(())
+        }
+        Ok(Command::Bench(args)) => bench::run(&args),
+        Ok(Command::Verify(args)) => verify::run(&args),
+        Err(message) => Err(Failure::Usage(message)),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("{failure}");
+            failure.exit_code()
+        }
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Failure::Setup(format!("cannot encode the JSON: {e}")))?;
+    std::fs::write(path, text + "\n")
+        .map_err(|e| Failure::Setup(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Median; the mean of the middle two for an even count, NaN for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
