@@ -49,7 +49,9 @@
 //! A two-block model on `Vec<f32>`. [`TraceTensor`] reads `[f32]`, `Vec<f32>`, arrays,
 //! [`TensorRef`] (a flat slice with a shape), and, with the `candle` and `ndarray` features,
 //! `candle_core::Tensor` and `ndarray` arrays. Arguments that are not tensors (the position,
-//! a config) are ignored without being listed.
+//! a config) are ignored without being listed. With the `cuda` feature, candle's CUDA tensors are
+//! summarised on the GPU and read back once per forward pass, when the `#[trace_model]` function
+//! returns (see [`TraceTensor::start_summary`]); the pass's records reach the sinks then.
 //!
 //! ```
 //! use model_trace::{
