@@ -1,0 +1,212 @@
+"""The JSON text of many float32 values at once, exactly as ``dumps(f32(v))`` writes each one
+(:func:`model_trace.format.f32`: the shortest decimal that reads back to the same float32, in
+Python's ``repr`` layout; ``"NaN"``, ``"inf"``, ``"-inf"`` for the others), without
+formatting each value in Python: a trace holds tens of thousands of floats a forward pass,
+and numpy's shortest-digit formatter costs microseconds a value.
+
+The digits come from arithmetic on whole arrays. For a float32 ``x`` and a number of
+significant digits ``p``, the two ``p``-digit decimals around ``x`` are ``n·10^k`` and
+``(n + 1)·10^k``; each is made as the float64 nearest to it (one correctly rounded
+multiplication or division by an exact power of ten) and kept when it reads back to ``x``. The
+shortest ``p`` with a decimal that reads back wins (the nearer of the two when both do), which
+is the rule of Steele & White's and numpy's Dragon4. A value whose decision float64 cannot make
+with certainty (a decimal on the midpoint between two float32, two decimals equally near,
+magnitudes whose powers of ten float64 does not hold exactly) is formatted the slow way,
+value by value. The texts are then laid out as ASCII in one array, a row a value, four digits
+at a time from a table, and joined.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import numpy as np
+
+from .format import dumps, f32
+
+#: 10**0 .. 10**22: every power of ten float64 holds exactly.
+_POWERS = np.array([float(10**k) for k in range(23)])
+#: For a decimal exponent ``k`` in -22..22 (index ``k + 22``): ``x * _UP[k] / _DOWN[k]`` is
+#: ``x / 10**k``, one of the two operations being exact.
+_UP = np.concatenate([_POWERS[:0:-1], np.ones(23)])
+_DOWN = np.concatenate([np.ones(22), _POWERS])
+#: Magnitudes made by arithmetic: every ``p``-digit decimal of them (p <= 9) is ``n·10^k`` with
+#: ``|k| <= 22``, and Python writes them without an exponent below 1e16.
+_LOW, _HIGH = 1e-14, 1e16
+#: Significant digits that always tell float32 values apart.
+_MAX_DIGITS = 9
+#: 10**0 .. 10**18 as int64.
+_INT_POWERS = 10 ** np.arange(19, dtype=np.int64)
+#: ASCII of "0000" .. "9999", each as a little-endian uint32: four characters in one cell.
+_QUADS = np.array([int.from_bytes(f"{i:04d}".encode(), "little") for i in range(10000)], dtype=np.uint32)
+#: Masks of a cell keeping its first / its last 0..4 characters.
+_FIRST = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype=np.uint32)
+_LAST = np.array([0, 0xFF000000, 0xFFFF0000, 0xFFFFFF00, 0xFFFFFFFF], dtype=np.uint32)
+
+
+class FloatTexts:
+    """The JSON texts of float32 values, joined by commas in one string: ``texts[i]`` is value
+    ``i``'s, ``texts.span(a, b)`` those of values ``a`` to ``b - 1`` with their commas."""
+
+    def __init__(self, joined: str, starts: List[int]):
+        self.joined = joined
+        #: Where each value's text starts in ``joined``, and one past the last comma.
+        self.starts = starts
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, index: int) -> str:
+        return self.joined[self.starts[index]:self.starts[index + 1] - 1]
+
+    def span(self, start: int, stop: int) -> str:
+        return self.joined[self.starts[start]:self.starts[stop] - 1] if stop > start else ""
+
+
+def float_texts(values: Any) -> FloatTexts:
+    """The JSON text of each value, read as float32, row-major: ``dumps(f32(v))``."""
+    x = np.ascontiguousarray(np.asarray(values, dtype=np.float32)).reshape(-1)
+    magnitude = np.abs(x)
+    arithmetic = np.flatnonzero((magnitude >= _LOW) & (magnitude < _HIGH))
+    shortest, power, certain = _shortest_decimals(magnitude[arithmetic])
+    digits = np.zeros(x.size, dtype=np.int64)
+    exponent = np.zeros(x.size, dtype=np.int64)
+    digits[arithmetic] = shortest
+    exponent[arithmetic] = power
+    laid_out = x == 0  # 0.0 and -0.0: digits 0
+    laid_out[arithmetic[certain]] = True
+    other_texts = {int(i): dumps(f32(x[i])) for i in np.flatnonzero(~laid_out)}
+    return _join(laid_out, digits, exponent, np.signbit(x), other_texts)
+
+
+def _shortest_decimals(magnitude: np.ndarray):
+    """For positive float32 values in [_LOW, _HIGH): the shortest decimal ``digits·10^exponent``
+    that reads back to each, and whether it was decided with certainty."""
+    value = magnitude.astype(np.float64)
+    # Reading back rounds to the nearest float32: the decimal must lie strictly between the
+    # midpoints to the neighbours (exact in float64: the sum of two adjacent float32 values).
+    above = (value + np.nextafter(magnitude, np.float32(np.inf)).astype(np.float64)) * 0.5
+    below = (value + np.nextafter(magnitude, np.float32(0)).astype(np.float64)) * 0.5
+    leading = np.floor(np.log10(value)).astype(np.int64)
+    first = _scaled(value, leading)
+    leading += (first >= 10).astype(np.int64) - (first < 1).astype(np.int64)
+    first = _scaled(value, leading)
+    # A float32 within rounding of a power of ten it is not: the leading digit's place is unsure.
+    certain = (first >= 1) & (first < 10) & ~((np.abs(first - 1) < 1e-13) & (first != 1))
+    digits = np.zeros(value.size, dtype=np.int64)
+    exponent = np.zeros(value.size, dtype=np.int64)
+
+    def try_places(places: int, which: np.ndarray) -> np.ndarray:
+        """Records the decimals of ``places`` digits that read back; those values' indices."""
+        found, sure, n, k = _nearest_reading_back(value[which], magnitude[which], above[which], below[which],
+                                                  leading[which] - places + 1)
+        certain[which[~sure]] = False
+        keep = found & sure
+        digits[which[keep]] = n[keep]
+        exponent[which[keep]] = k[keep]
+        return which[keep]
+
+    # The numbers of digits that read back are p0..9 for some p0 (a finer grid keeps the
+    # decimals that read back), and most float32 need 7 to 9: 8 first, then 9 or 7, 6, ...
+    todo = np.flatnonzero(certain)
+    shorter = try_places(_MAX_DIGITS - 1, todo)
+    longest = np.setdiff1d(todo, shorter, assume_unique=True)
+    certain[np.setdiff1d(longest, try_places(_MAX_DIGITS, longest), assume_unique=True)] = False
+    for places in range(_MAX_DIGITS - 2, 0, -1):
+        if shorter.size == 0:
+            break
+        shorter = try_places(places, shorter)
+    # Only p = 1 can round up to a 0 digit (9.6 -> 10): the decimal is 1·10^(k+1).
+    overflow = digits == 10
+    digits[overflow] = 1
+    exponent[overflow] += 1
+    return digits, exponent, certain
+
+
+def _scaled(value: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``value / 10**k``, rounded once."""
+    return value * _UP[k + 22] / _DOWN[k + 22]
+
+
+def _nearest_reading_back(value, magnitude, above, below, k):
+    """Whether ``n·10^k`` or ``(n+1)·10^k`` (the decimals around ``value`` with that last
+    place) reads back to ``magnitude``, whether that was decided with certainty, and the
+    chosen ``n`` and ``k``."""
+    scaled = _scaled(value, k)
+    low = np.floor(scaled)
+    fraction = scaled - low
+    down_value = low * _DOWN[k + 22] / _UP[k + 22]
+    up_value = (low + 1) * _DOWN[k + 22] / _UP[k + 22]
+    down_ok = down_value.astype(np.float32) == magnitude
+    up_ok = up_value.astype(np.float32) == magnitude
+    # The float64 nearest a decimal is on the decimal's side of a midpoint, or on it: only
+    # landing on it leaves the side unknown.
+    on_midpoint = (down_value == above) | (down_value == below) | (up_value == above) | (up_value == below)
+    both = down_ok & up_ok
+    # `scaled` is within 1.2e-7 of the exact quotient (below 1e9, rounded once).
+    tie = both & (np.abs(fraction - 0.5) < 1e-6)
+    take_up = up_ok & (~down_ok | (fraction > 0.5))
+    return down_ok | up_ok, ~(on_midpoint | tie), (low + take_up).astype(np.int64), k
+
+
+def _join(laid_out: np.ndarray, digits: np.ndarray, exponent: np.ndarray, negative: np.ndarray,
+          other_texts: Dict[int, str]) -> FloatTexts:
+    """Python's ``repr`` of ``±digits·10^exponent`` (``digits`` without trailing zeros) where
+    ``laid_out`` (``0.0625``, ``1.5``, ``1500.0``, ``1.5e-05`` below 1e-4), the
+    ``other_texts`` elsewhere, joined."""
+    if not laid_out.all():
+        index = np.flatnonzero(laid_out)
+        digits, exponent, negative = digits[index], exponent[index], negative[index]
+    count = np.maximum(np.searchsorted(_INT_POWERS, digits, side="right"), 1)
+    point = count + exponent  # digits before the decimal point
+    scientific = point <= -4
+    # Scientific: one digit, then the others as the fraction, and an exponent.
+    places = np.where(scientific, count - 1, np.maximum(-exponent, 0))
+    scale = _INT_POWERS[places]
+    whole = np.where(scientific, digits // scale, digits // scale * _INT_POWERS[np.maximum(exponent, 0)])
+    fraction = digits % scale
+    fraction_kept = np.where(scientific, places, np.maximum(places, 1))  # 1500.0, but 1e-05
+    whole_digits = np.maximum(np.searchsorted(_INT_POWERS, whole, side="right"), 1)
+
+    # A row of ASCII a value: sign, whole digits (right-aligned), point, fraction digits
+    # (left-aligned), exponent, separator; unused characters NUL, dropped when joined.
+    whole_width = 4 * -(-int(whole_digits.max(initial=1)) // 4)
+    fraction_width = 4 * -(-int(fraction_kept.max(initial=1)) // 4)
+    exponent_width = 4 if scientific.any() else 0
+    width = whole_width + fraction_width + exponent_width + 3
+    rows = np.zeros((digits.size, width), dtype=np.uint8)
+    rows[:, 0] = np.where(negative, ord("-"), 0)
+    _write_digits(rows[:, 1:1 + whole_width], whole, whole_digits, right_aligned=True)
+    rows[:, 1 + whole_width] = np.where(fraction_kept > 0, ord("."), 0)
+    _write_digits(rows[:, 2 + whole_width:2 + whole_width + fraction_width],
+                  fraction * _INT_POWERS[fraction_width - places], fraction_kept, right_aligned=False)
+    if exponent_width:
+        exponents = (ord("e") | ord("-") << 8 | (48 + (1 - point) // 10) << 16 | (48 + (1 - point) % 10) << 24)
+        rows[:, -5:-1] = np.where(scientific, exponents, 0).astype("<u4").view(np.uint8).reshape(-1, 4)
+    rows[:, -1] = ord(",")
+    lengths = np.zeros(laid_out.size, dtype=np.int64)
+    lengths[laid_out] = negative + whole_digits + (fraction_kept > 0) + fraction_kept + 4 * scientific + 1
+    if other_texts:
+        longest = max(len(text) for text in other_texts.values()) + 1
+        all_rows = np.zeros((laid_out.size, max(width, longest)), dtype=np.uint8)
+        all_rows[laid_out, :width] = rows
+        for index, text in other_texts.items():
+            all_rows[index, :len(text) + 1] = np.frombuffer(text.encode("ascii") + b",", dtype=np.uint8)
+            lengths[index] = len(text) + 1
+        rows = all_rows
+    joined = rows.tobytes().translate(None, b"\0").decode("ascii")
+    return FloatTexts(joined, np.concatenate([[0], np.cumsum(lengths)]).tolist())
+
+
+def _write_digits(chars: np.ndarray, values: np.ndarray, kept: np.ndarray, right_aligned: bool) -> None:
+    """Writes the decimal digits of non-negative integers below ``10**chars.shape[1]`` into
+    ``chars`` (a multiple of 4 wide), keeping the last ``kept`` digits of each (right-aligned)
+    or the first ``kept``, the others NUL."""
+    groups = chars.shape[1] // 4
+    for group in range(groups):
+        quad = _QUADS[values // _INT_POWERS[4 * (groups - 1 - group)] % 10000]
+        if right_aligned:
+            quad &= _LAST[np.clip(kept - 4 * (groups - 1 - group), 0, 4)]
+        else:
+            quad &= _FIRST[np.clip(kept - 4 * group, 0, 4)]
+        chars[:, 4 * group:4 * group + 4] = quad.view(np.uint8).reshape(-1, 4)
