@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .floats import FloatTexts
 
 FORMAT_NAME = "model-trace"
 SCHEMA_VERSION = 1
@@ -40,17 +46,47 @@ def element_hashes(n: int) -> np.ndarray:
     return z
 
 
+#: Bytes of sketch signs kept for reuse (tensors of one model come in a few lengths).
+SIGNS_CACHE_BYTES = 64 << 20
+_signs_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
+
+
+def sketch_signs(n: int) -> np.ndarray:
+    """``s_k(i)`` of the sketch's definition for ``k`` in ``0..8`` and ``i`` in ``0..n``, as an
+    int8 array ``[8, n]`` of ±1 (read-only: the last lengths asked for are kept, up to
+    ``SIGNS_CACHE_BYTES``)."""
+    signs = _signs_cache.get(n)
+    if signs is not None:
+        _signs_cache.move_to_end(n)
+        return signs
+    bits = (element_hashes(n)[None, :] >> np.arange(SKETCH_DIM, dtype=np.uint64)[:, None]) & np.uint64(1)
+    signs = (1 - 2 * bits.astype(np.int8)).astype(np.int8)
+    signs.flags.writeable = False
+    if signs.nbytes <= SIGNS_CACHE_BYTES:
+        _signs_cache[n] = signs
+        while sum(s.nbytes for s in _signs_cache.values()) > SIGNS_CACHE_BYTES:
+            _signs_cache.popitem(last=False)
+    return signs
+
+
 def sketch(values: Any) -> np.ndarray:
     """The 8-component sketch, bit for bit as the Rust runtime computes it: per component the
     sum, in float64 and in index order, of ``±x_i`` over the finite values, rounded to float32."""
     x = as_f32(values)
     if x.size == 0:
         return np.zeros(SKETCH_DIM, dtype=np.float32)
-    bits = (element_hashes(x.size)[:, None] >> np.arange(SKETCH_DIM, dtype=np.uint64)) & np.uint64(1)
-    signs = 1.0 - 2.0 * bits.astype(np.float64)
     finite = np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64)
-    # cumsum adds in order, as the definition asks; np.sum would add pairwise.
-    return np.cumsum(signs * finite[:, None], axis=0)[-1].astype(np.float32)
+    return _sums_in_order(sketch_signs(x.size) * finite).astype(np.float32)
+
+
+def _sums_in_order(terms: np.ndarray) -> np.ndarray:
+    """The sum of each row of a float64 array, added from left to right (``np.sum`` adds
+    pairwise). torch's CPU ``cumsum`` adds in order as numpy's does, several times faster: it
+    is used when the program has imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.cumsum(torch.from_numpy(terms), dim=1)[:, -1].numpy()
+    return np.cumsum(terms, axis=1)[:, -1]
 
 
 def fingerprint(values: Any) -> str:
@@ -60,50 +96,118 @@ def fingerprint(values: Any) -> str:
     return blake3.blake3(as_f32(values).astype("<f4").tobytes()).hexdigest()
 
 
+#: Names of the floats of the statistics, in the order of :attr:`Summary.floats`.
+STAT_FLOATS = ("min", "max", "mean", "std", "l2_norm")
+
+
+def stat_numbers(values: Any) -> Tuple[int, int, np.ndarray]:
+    """``nan_count``, ``inf_count`` and the float32 array of ``min``, ``max``, ``mean``,
+    ``std`` and ``l2_norm`` (see :func:`stats`)."""
+    x = as_f32(values)
+    low = high = np.float32(0)
+    if x.size:
+        low, high = x.min(), x.max()  # NaN if any value is
+    if np.isfinite(low) and np.isfinite(high):
+        nan_count = inf_count = 0
+        finite = x.astype(np.float64)
+    else:
+        finite_mask = np.isfinite(x)
+        nan_count = int(np.isnan(x).sum())
+        inf_count = int(x.size - nan_count - finite_mask.sum())
+        finite = x[finite_mask].astype(np.float64)
+    if finite.size == 0:
+        return nan_count, inf_count, np.zeros(len(STAT_FLOATS), dtype=np.float32)
+    mean = finite.mean()
+    std = np.sqrt(np.mean((finite - mean) ** 2))
+    norm = np.sqrt(np.sum(finite * finite))
+    return nan_count, inf_count, np.array([finite.min(), finite.max(), mean, std, norm], dtype=np.float32)
+
+
 def stats(values: Any) -> Dict[str, Any]:
     """The statistics of a tensor summary: ``count`` includes NaN and ±inf; ``min``, ``max``,
     ``mean``, ``std`` (population) and ``l2_norm`` are over the finite values, computed in
     float64 and rounded to float32 once; all 0 when no value is finite."""
     x = as_f32(values)
-    finite_mask = np.isfinite(x)
-    nan_count = int(np.isnan(x).sum())
-    inf_count = int(x.size - nan_count - finite_mask.sum())
-    finite = x[finite_mask].astype(np.float64)
-    if finite.size == 0:
-        low = high = mean = std = norm = 0.0
-    else:
-        low, high = float(finite.min()), float(finite.max())
-        mean = float(finite.mean())
-        std = float(np.sqrt(np.mean((finite - mean) ** 2)))
-        norm = float(np.sqrt(np.sum(finite * finite)))
-    return {
-        "count": int(x.size),
-        "min": f32(low),
-        "max": f32(high),
-        "mean": f32(mean),
-        "std": f32(std),
-        "l2_norm": f32(norm),
-        "nan_count": nan_count,
-        "inf_count": inf_count,
-    }
+    nan_count, inf_count, floats = stat_numbers(x)
+    return {"count": int(x.size), **{name: f32(v) for name, v in zip(STAT_FLOATS, floats)},
+            "nan_count": nan_count, "inf_count": inf_count}
+
+
+@dataclass
+class Summary:
+    """The numbers of a tensor summary before they are written: its float32 values in one
+    array, so that a writer turns many summaries' floats into text at once."""
+
+    shape: List[int]
+    dtype: str
+    count: int
+    nan_count: int
+    inf_count: int
+    #: ``min``, ``max``, ``mean``, ``std``, ``l2_norm``; with a digest then the sketch, the
+    #: head and the tail (``samples`` values each).
+    floats: np.ndarray
+    fingerprint: Optional[str] = None
+    samples: int = 0
+    #: Where the full tensor was saved (``file``, ``tensor``).
+    capture: Optional[Dict[str, str]] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The summary as the trace holds it, floats as :func:`f32` gives them."""
+        values = [f32(v) for v in self.floats]
+        summary: Dict[str, Any] = {
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "stats": {"count": self.count, **dict(zip(STAT_FLOATS, values)),
+                      "nan_count": self.nan_count, "inf_count": self.inf_count},
+        }
+        if self.fingerprint is not None:
+            sketch_end = len(STAT_FLOATS) + SKETCH_DIM
+            summary["fingerprint"] = self.fingerprint
+            summary["sketch"] = values[len(STAT_FLOATS):sketch_end]
+            if self.samples:
+                summary["head"] = values[sketch_end:sketch_end + self.samples]
+                summary["tail"] = values[sketch_end + self.samples:]
+        if self.capture is not None:
+            summary["capture"] = self.capture
+        return summary
+
+    def json(self, texts: FloatTexts, offset: int) -> str:
+        """The summary's JSON text, the bytes ``dumps(self.as_dict())`` gives, from the JSON
+        texts of :attr:`floats`, at ``offset`` in ``texts``."""
+        low, high, mean, std, norm = (texts[offset + i] for i in range(len(STAT_FLOATS)))
+        text = (f'{{"shape":{dumps(self.shape)},"dtype":{dumps(self.dtype)},"stats":{{"count":{self.count},'
+                f'"min":{low},"max":{high},"mean":{mean},"std":{std},"l2_norm":{norm},'
+                f'"nan_count":{self.nan_count},"inf_count":{self.inf_count}}}')
+        if self.fingerprint is not None:
+            sketch = offset + len(STAT_FLOATS)
+            head = sketch + SKETCH_DIM
+            tail = head + self.samples
+            text += f',"fingerprint":"{self.fingerprint}","sketch":[{texts.span(sketch, head)}]'
+            if self.samples:
+                text += f',"head":[{texts.span(head, tail)}],"tail":[{texts.span(tail, tail + self.samples)}]'
+        if self.capture is not None:
+            text += f',"capture":{dumps(self.capture)}'
+        return text + "}"
+
+
+def tensor_summary(values: Any, shape: Optional[Sequence[int]] = None, dtype: str = "f32", digest: bool = True) -> Summary:
+    """The :class:`Summary` of ``values`` (read row-major as float32; ``shape`` is theirs
+    unless given)."""
+    array = np.asarray(values)
+    x = as_f32(array)
+    nan_count, inf_count, floats = stat_numbers(x)
+    result = Summary([int(d) for d in (shape if shape is not None else array.shape)], dtype, int(x.size),
+                     nan_count, inf_count, floats)
+    if digest:
+        result.fingerprint = fingerprint(x)
+        result.samples = min(SAMPLE_LEN, x.size)
+        result.floats = np.concatenate([floats, sketch(x), x[:result.samples], x[x.size - result.samples:]])
+    return result
 
 
 def summarize(values: Any, shape: Optional[Sequence[int]] = None, dtype: str = "f32", digest: bool = True) -> Dict[str, Any]:
     """A tensor summary (the ``tensor`` of a stage, ``probs``, ``logits``) of ``values``."""
-    array = np.asarray(values)
-    x = as_f32(array)
-    summary: Dict[str, Any] = {
-        "shape": [int(d) for d in (shape if shape is not None else array.shape)],
-        "dtype": dtype,
-        "stats": stats(x),
-    }
-    if digest:
-        summary["fingerprint"] = fingerprint(x)
-        summary["sketch"] = [f32(v) for v in sketch(x)]
-        if x.size:
-            summary["head"] = [f32(v) for v in x[:SAMPLE_LEN]]
-            summary["tail"] = [f32(v) for v in x[max(0, x.size - SAMPLE_LEN):]]
-    return summary
+    return tensor_summary(values, shape, dtype, digest).as_dict()
 
 
 def f32(value: Any) -> Any:
@@ -125,9 +229,12 @@ def read_float(value: Any) -> float:
     return float(np.float32(value))
 
 
-def dumps(obj: Dict[str, Any]) -> str:
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def dumps(obj: Any) -> str:
     """One line of a trace: JSON with the ``event`` key first, no NaN or Infinity tokens."""
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(obj)
 
 
 class TraceFormatError(ValueError):
