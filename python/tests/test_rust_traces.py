@@ -152,9 +152,9 @@ def test_floats_are_written_losslessly():
 def test_attention_rows_agree_with_the_rust_runtime(minilm_trace):
     """The Python writer's attention rows from the same probabilities as the Rust runtime's: the
     kept positions and weights bit for bit; the entropy to 2e-6 relative (the runtime uses a
-    branch-free logarithm within ~1 ulp of f32, numpy the libm one) and the tail mass to 1e-6
+    branch-free logarithm within ~1 ulp of f32, torch the libm one) and the tail mass to 1e-6
     (f64 sums in another order)."""
-    from model_trace.writer import attention_row
+    from model_trace.attention import attention_rows
 
     header, events = model_trace.read_trace(str(minilm_trace))
     top_k = header["config"]["attention_config"]["top_k"]
@@ -165,15 +165,15 @@ def test_attention_rows_agree_with_the_rust_runtime(minilm_trace):
             continue
         capture = event["probs"]["capture"]
         probs = load_file(str(minilm_trace.parent / capture["file"]))[capture["tensor"]]
-        _, heads, q_len, k_len = probs.shape
+        ours = {(r["batch"], r["head_idx"], r["query_pos"]): r
+                for r in attention_rows(probs, top_k, threshold).records(event["layer"])}
         for row in event["rows"]:
-            ours = attention_row(probs[row["batch"], row["head_idx"], row["query_pos"] - (k_len - q_len)],
-                                 event["layer"], row["batch"], row["head_idx"], row["query_pos"], top_k, threshold)
-            assert ours["top_k_positions"] == row["top_k_positions"], (event["layer"], row)
-            assert bits([read_float(v) for v in ours["top_k_weights"]]) == bits([read_float(v) for v in row["top_k_weights"]])
-            assert read_float(ours["sink_weight"]) == read_float(row["sink_weight"])
-            assert abs(read_float(ours["entropy"]) - read_float(row["entropy"])) <= 2e-6 * max(read_float(row["entropy"]), 1e-3)
-            assert abs(read_float(ours["tail_mass"]) - read_float(row["tail_mass"])) <= 1e-6
+            mine = ours[row["batch"], row["head_idx"], row["query_pos"]]
+            assert (mine["layer_idx"], mine["num_keys"]) == (row["layer_idx"], row["num_keys"])
+            assert mine["top_k_positions"] == row["top_k_positions"], (event["layer"], row)
+            assert bits([read_float(v) for v in mine["top_k_weights"]]) == bits([read_float(v) for v in row["top_k_weights"]])
+            assert read_float(mine["sink_weight"]) == read_float(row["sink_weight"])
+            assert abs(read_float(mine["entropy"]) - read_float(row["entropy"])) <= 2e-6 * max(read_float(row["entropy"]), 1e-3)
+            assert abs(read_float(mine["tail_mass"]) - read_float(row["tail_mass"])) <= 1e-6
             checked += 1
     assert checked == 6 * 12 * 7, checked
-
