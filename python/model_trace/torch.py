@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .attention import attention_rows
 from .filter import CaptureFilter, Tracepoint
 from .writer import TraceWriter, dtype_name
 
@@ -262,7 +263,8 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
                 if probs is not None:
                     values, dtype = to_numpy(probs)
                     writer.attention(values, index, attention_sub, attention_path,
-                                     wants("attention", attention_sub, attention_path, index), dtype=dtype)
+                                     wants("attention", attention_sub, attention_path, index), dtype=dtype,
+                                     rows=attention_rows(probs))
 
             handles.append(module.register_forward_hook(on_attention))
     for stage, (sub, which) in architecture.stages.items():

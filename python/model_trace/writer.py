@@ -12,7 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import __version__
-from .format import FORMAT_NAME, SCHEMA_VERSION, as_f32, dumps, f32, summarize
+from .attention import AttentionRows
+from .floats import FloatTexts, float_texts
+from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, tensor_summary
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -88,9 +90,13 @@ class TraceWriter:
 
     ``begin_pass``/``end_pass`` bracket a forward pass, ``begin_layer``/``stage``/``end_layer`` a
     layer and its stages (``input`` and ``output`` included), ``attention`` and ``logits`` record
-    those tensors. Sequence numbers and times follow the format; the file is flushed at the end
-    of every pass and closed by :meth:`close`.
+    those tensors. Sequence numbers and times follow the format. Events are written at the end
+    of every pass and by :meth:`close` (and sooner when a pass holds more than
+    ``PENDING_FLOATS`` floats), the floats of all of them turned into text at once.
     """
+
+    #: Floats held back before the completed events are written even within a pass.
+    PENDING_FLOATS = 1 << 20
 
     def __init__(
         self,
@@ -116,6 +122,9 @@ class TraceWriter:
         self.pass_layers = 0
         self.layers: List[Dict[str, Any]] = []
         self.closed = False
+        self._pending: List[Dict[str, Any]] = []
+        self._floats: List[np.ndarray] = []
+        self._float_count = 0
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -131,13 +140,29 @@ class TraceWriter:
             "tracepoints": list(tracepoints),
             "metadata": metadata or {},
         }
-        self._write(header)
+        self.file.write(dumps(header) + "\n")
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _write(self, obj: Dict[str, Any]) -> None:
-        self.file.write(dumps(obj))
-        self.file.write("\n")
+    def _queue(self, event: Dict[str, Any]) -> None:
+        """An event to write with the next batch; its values may be :class:`_Deferred`."""
+        self._pending.append(event)
+        if self._float_count > self.PENDING_FLOATS:
+            self._write_pending()
+
+    def _defer_floats(self, values: np.ndarray) -> int:
+        """Holds float32 values back to be turned into text with the batch; their offset in it."""
+        offset = self._float_count
+        self._floats.append(values)
+        self._float_count += values.size
+        return offset
+
+    def _write_pending(self) -> None:
+        if not self._pending:
+            return
+        texts = float_texts(np.concatenate(self._floats) if self._floats else [])
+        self.file.write("".join(_json(event, texts) + "\n" for event in self._pending))
+        self._pending, self._floats, self._float_count = [], [], 0
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -148,18 +173,21 @@ class TraceWriter:
         return time.monotonic_ns() - self.epoch
 
     def summary(self, values: Any, what: str, layer: Optional[int], wants_capture: bool = False,
-                dtype: Optional[str] = None) -> Dict[str, Any]:
+                dtype: Optional[str] = None) -> Summary:
         """The tensor summary of ``values`` (anything numpy reads); ``dtype`` names the
         framework's element type when the values were converted."""
         array = np.asarray(values)
         dtype = dtype or dtype_name(array.dtype)
-        summary = summarize(as_f32(array), shape=array.shape, dtype=dtype, digest=self.digest)
+        summary = tensor_summary(array, dtype=dtype, digest=self.digest)
         if self.capture is not None and wants_capture:
             pass_text = "none" if self.pass_index is None else str(self.pass_index)
             layer_text = "none" if layer is None else str(layer)
             name = f"p{pass_text}.l{layer_text}.{what}.s{self.seq}"
-            summary["capture"] = self.capture.add(name, as_f32(array).reshape(array.shape))
+            summary.capture = self.capture.add(name, as_f32(array).reshape(array.shape))
         return summary
+
+    def _deferred_summary(self, summary: Summary) -> "_Deferred":
+        return _DeferredSummary(summary, self._defer_floats(summary.floats))
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -171,7 +199,7 @@ class TraceWriter:
         self.pass_position = self.pass_index if position is None else int(position)
         self.pass_start = self.now_ns()
         self.pass_layers = 0
-        self._write({
+        self._queue({
             "event": "pass_begin",
             "seq": self.next_seq(),
             "pass": self.pass_index,
@@ -187,7 +215,7 @@ class TraceWriter:
             return
         while self.layers:
             self.end_layer()
-        self._write({
+        self._queue({
             "event": "pass_end",
             "seq": self.next_seq(),
             "pass": self.pass_index,
@@ -198,6 +226,7 @@ class TraceWriter:
             "logit_evolution": [],
         })
         self.pass_index = None
+        self._write_pending()
         self.file.flush()
 
     def _ensure_pass(self) -> int:
@@ -229,14 +258,20 @@ class TraceWriter:
         frame = self.layers[-1]
         seq = self.next_seq()
         summary = self.summary(values, name, frame["layer"], wants_capture, dtype)
-        frame["stages"].append({"seq": seq, "name": name, "tensor": summary})
+        frame["stages"].append({"seq": seq, "name": name, "tensor": self._deferred_summary(summary)})
+
+    def stage_summary(self, name: str, summary: Dict[str, Any]) -> None:
+        """A stage of the innermost open layer whose tensor summary is already made (a dict as
+        the trace holds it: :func:`model_trace.format.summarize`, or converted statistics)."""
+        if self.layers:
+            self.layers[-1]["stages"].append({"seq": self.next_seq(), "name": name, "tensor": summary})
 
     def end_layer(self) -> None:
         if not self.layers:
             return
         frame = self.layers.pop()
         frame["duration_ns"] = self.now_ns() - frame["start_ns"]
-        self._write(frame)
+        self._queue(frame)
 
     def current_layer(self) -> Optional[int]:
         return self.layers[-1]["layer"] if self.layers else None
@@ -244,28 +279,29 @@ class TraceWriter:
     # -- records -------------------------------------------------------------------------------
 
     def attention(self, probs: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
-                  top_k: int = 10, weight_threshold: float = 0.01, dtype: Optional[str] = None) -> None:
-        """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely."""
+                  top_k: int = 10, weight_threshold: float = 0.01, dtype: Optional[str] = None,
+                  rows: Optional[AttentionRows] = None) -> None:
+        """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely.
+        ``rows``: the rows already analysed (:func:`model_trace.attention.attention_rows`, as
+        :mod:`model_trace.torch` does on the tensor's device); else they are analysed here,
+        which needs torch."""
         array = np.asarray(probs, dtype=np.float32)
         seq = self.next_seq()
         summary = self.summary(array, "attention", layer, wants_capture, dtype)
-        while array.ndim < 4:
-            array = array[None]
-        batch, heads, q_len, k_len = array.shape
-        rows = []
-        for b in range(batch):
-            for h in range(heads):
-                for r in range(q_len):
-                    rows.append(attention_row(array[b, h, r], int(layer), b, h, k_len - q_len + r, top_k, weight_threshold))
-        self._write({
+        if rows is None:
+            from .attention import attention_rows
+
+            rows = attention_rows(array, top_k, weight_threshold)
+        self._queue({
             "event": "attention",
             "seq": seq,
             "pass": self.pass_index,
             "layer": int(layer),
             "tracepoint": tracepoint,
             "function": function,
-            "probs": summary,
-            "rows": rows,
+            "probs": self._deferred_summary(summary),
+            "rows": _DeferredRows(rows, int(layer), self._defer_floats(rows.weights[rows.positions >= 0]),
+                                  self._defer_floats(rows.measures.reshape(-1))),
         })
 
     def logits(self, logits: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
@@ -285,16 +321,17 @@ class TraceWriter:
             row = array[b, -1]
             finite = np.where(np.isfinite(row), row, -np.inf)
             order = np.argsort(-finite, kind="stable")[:top_k]
-            order = [int(i) for i in order if np.isfinite(row[i])]
-            rows.append({"batch": b, "top_tokens": order, "top_logits": [f32(row[i]) for i in order]})
-        self._write({
+            order = order[np.isfinite(row[order])]
+            rows.append({"batch": b, "top_tokens": order.tolist(),
+                         "top_logits": _DeferredList(self._defer_floats(row[order]), order.size)})
+        self._queue({
             "event": "logits",
             "seq": seq,
             "pass": self.pass_index,
             "layer": int(layer),
             "tracepoint": tracepoint,
             "function": function,
-            "logits": summary,
+            "logits": self._deferred_summary(summary),
             "batch_rows": rows,
         })
 
@@ -304,37 +341,73 @@ class TraceWriter:
         self.end_pass()
         if self.capture is not None:
             self.capture.flush()
-        self._write({"event": "session_end", "seq": self.next_seq(), "end_ns": self.now_ns(),
+        self._queue({"event": "session_end", "seq": self.next_seq(), "end_ns": self.now_ns(),
                      "passes": self.passes, "errors": [], "errors_not_kept": 0})
+        self._write_pending()
         self.file.close()
         self.closed = True
 
 
-def attention_row(weights: np.ndarray, layer: int, batch: int, head: int, query: int, top_k: int,
-                  weight_threshold: float) -> Dict[str, Any]:
-    """One row as the Rust runtime records it: the ``top_k`` heaviest positive finite weights of
-    at least ``weight_threshold`` (heaviest first, lower position on ties), the tail mass, the
-    entropy in nats and the weight on position 0."""
-    w = np.asarray(weights, dtype=np.float32)
-    ok = np.isfinite(w) & (w >= np.float32(1.1754944e-38))
-    mass = w[ok].astype(np.float64)
-    total = float(mass.sum())
-    entropy = float(-(mass * np.log(mass)).sum()) if mass.size else 0.0
-    floor = max(weight_threshold, np.float32(1.4e-45))
-    candidates = np.where(np.isfinite(w) & (w >= floor), w, -np.inf)
-    order = np.argsort(-candidates, kind="stable")[:top_k]
-    order = [int(i) for i in order if np.isfinite(candidates[i])]
-    kept = [float(w[i]) for i in order]
-    first = float(w[0]) if w.size and np.isfinite(w[0]) and w[0] > 0 else 0.0
-    return {
-        "layer_idx": layer,
-        "batch": batch,
-        "head_idx": head,
-        "query_pos": int(query),
-        "num_keys": int(w.size),
-        "top_k_positions": order,
-        "top_k_weights": [f32(v) for v in kept],
-        "tail_mass": f32(max(total - sum(kept), 0.0)),
-        "entropy": f32(entropy if entropy > 0 else 0.0),
-        "sink_weight": f32(first),
-    }
+class _Deferred:
+    """A value of a pending event whose JSON text needs the batch's float texts."""
+
+    def json(self, texts: FloatTexts) -> str:
+        raise NotImplementedError
+
+
+class _DeferredSummary(_Deferred):
+    def __init__(self, summary: Summary, offset: int):
+        self.summary, self.offset = summary, offset
+
+    def json(self, texts: FloatTexts) -> str:
+        return self.summary.json(texts, self.offset)
+
+
+class _DeferredList(_Deferred):
+    def __init__(self, offset: int, count: int):
+        self.offset, self.count = offset, count
+
+    def json(self, texts: FloatTexts) -> str:
+        return f"[{texts.span(self.offset, self.offset + self.count)}]"
+
+
+class _DeferredRows(_Deferred):
+    """The ``rows`` of an attention event: the kept weights and then the three measures of
+    each row are at ``weights`` and ``measures`` in the batch's float texts."""
+
+    def __init__(self, rows: AttentionRows, layer: int, weights: int, measures: int):
+        self.rows, self.layer, self.weights, self.measures = rows, layer, weights, measures
+
+    def json(self, texts: FloatTexts) -> str:
+        rows = self.rows
+        kept = rows.kept
+        ends = np.cumsum(kept).tolist()
+        positions = list(map(str, rows.positions[rows.positions >= 0].tolist()))
+        index = np.arange(kept.size)
+        batch = (index // (rows.heads * rows.q_len)).tolist()
+        head = (index // rows.q_len % rows.heads).tolist()
+        query = (rows.k_len - rows.q_len + index % rows.q_len).tolist()
+        prefix = f'{{"layer_idx":{self.layer},"batch":'
+        keys = f',"num_keys":{rows.k_len},"top_k_positions":['
+        weights, measures = self.weights, self.measures
+        parts = []
+        start = 0
+        for row, end in enumerate(ends):
+            measure = measures + 3 * row
+            parts.append(
+                f'{prefix}{batch[row]},"head_idx":{head[row]},"query_pos":{query[row]}{keys}'
+                f'{",".join(positions[start:end])}],"top_k_weights":[{texts.span(weights + start, weights + end)}],'
+                f'"tail_mass":{texts[measure]},"entropy":{texts[measure + 1]},"sink_weight":{texts[measure + 2]}}}')
+            start = end
+        return f"[{','.join(parts)}]"
+
+
+def _json(value: Any, texts: FloatTexts) -> str:
+    """``dumps(value)``, with each :class:`_Deferred` in it written from the float texts."""
+    if isinstance(value, _Deferred):
+        return value.json(texts)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{dumps(key)}:{_json(item, texts)}" for key, item in value.items()) + "}"
+    if isinstance(value, list) and any(isinstance(item, (dict, _Deferred)) for item in value):
+        return "[" + ",".join(_json(item, texts) for item in value) + "]"
+    return dumps(value)
