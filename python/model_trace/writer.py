@@ -62,7 +62,9 @@ class CaptureWriter:
         return f"{self.stem}.tensors-{self.chunk:04d}.safetensors"
 
     def add(self, name: str, values: np.ndarray) -> Dict[str, str]:
-        data = np.ascontiguousarray(values, dtype=np.float32)
+        # A copy: the values may be a view of a framework's tensor (torch's CPU tensors share
+        # memory with .numpy()), which the model may change before the chunk is written.
+        data = np.array(values, dtype=np.float32, order="C")
         if self.pending and self.pending_bytes + data.nbytes > self.chunk_bytes:
             self.flush()
         self.pending[name] = data
