@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -52,19 +51,19 @@ _signs_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
 
 
 def sketch_signs(n: int) -> np.ndarray:
-    """``s_k(i)`` of the sketch's definition for ``k`` in ``0..8`` and ``i`` in ``0..n``, as an
-    int8 array ``[8, n]`` of ±1 (read-only: the last lengths asked for are kept, up to
+    """``s_k(i)`` of the sketch's definition for ``k`` in ``0..8`` and ``i`` in ``0..n``, as a
+    float64 array ``[8, n]`` of ±1 (read-only: the last lengths asked for are kept, up to
     ``SIGNS_CACHE_BYTES``)."""
     signs = _signs_cache.get(n)
     if signs is not None:
         _signs_cache.move_to_end(n)
         return signs
     bits = (element_hashes(n)[None, :] >> np.arange(SKETCH_DIM, dtype=np.uint64)[:, None]) & np.uint64(1)
-    signs = (1 - 2 * bits.astype(np.int8)).astype(np.int8)
+    signs = 1.0 - 2.0 * bits.astype(np.float64)
     signs.flags.writeable = False
     if signs.nbytes <= SIGNS_CACHE_BYTES:
         _signs_cache[n] = signs
-        while sum(s.nbytes for s in _signs_cache.values()) > SIGNS_CACHE_BYTES:
+        while sum(cached.nbytes for cached in _signs_cache.values()) > SIGNS_CACHE_BYTES:
             _signs_cache.popitem(last=False)
     return signs
 
@@ -73,20 +72,39 @@ def sketch(values: Any) -> np.ndarray:
     """The 8-component sketch, bit for bit as the Rust runtime computes it: per component the
     sum, in float64 and in index order, of ``±x_i`` over the finite values, rounded to float32."""
     x = as_f32(values)
-    if x.size == 0:
+    return _sketch(np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64))
+
+
+#: The unit roundoff of float64.
+_UNIT_ROUNDOFF = 2.0**-53
+
+
+def _sketch(values: np.ndarray) -> np.ndarray:
+    """The sketch of float64 values (float32 ones, the non-finite replaced by 0), without
+    adding in index order where the order cannot change the float32 result.
+
+    Any order of adding ``n`` terms is within ``γ(n−1)·Σ|t|`` of the exact sum
+    (``γ(m) = m·u/(1 − m·u)``, ``u`` the unit roundoff; ``±x`` times ±1 is exact, so a fused
+    multiply-add rounds as an addition does): a matrix product (BLAS, in its own order) and the
+    sum in order are within twice that of each other. Where no float32 rounding boundary lies
+    that close to the product's sum, both round to the same float32; the other components are
+    added in order (``np.cumsum``; ``np.sum`` is pairwise)."""
+    if values.size == 0:
         return np.zeros(SKETCH_DIM, dtype=np.float32)
-    finite = np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64)
-    return _sums_in_order(sketch_signs(x.size) * finite).astype(np.float32)
-
-
-def _sums_in_order(terms: np.ndarray) -> np.ndarray:
-    """The sum of each row of a float64 array, added from left to right (``np.sum`` adds
-    pairwise). torch's CPU ``cumsum`` adds in order as numpy's does, several times faster: it
-    is used when the program has imported torch."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch.cumsum(torch.from_numpy(terms), dim=1)[:, -1].numpy()
-    return np.cumsum(terms, axis=1)[:, -1]
+    signs = sketch_signs(values.size)
+    sums = signs @ values
+    rounded = sums.astype(np.float32)
+    below = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(-np.inf)).astype(np.float64)) / 2
+    above = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(np.inf)).astype(np.float64)) / 2
+    # Four times the bound between the two sums: room for the rounding of Σ|x| and of the
+    # differences below.
+    bound = 8 * values.size * _UNIT_ROUNDOFF * np.abs(values).sum()
+    unsure = ~((sums - below > bound) & (above - sums > bound))
+    for component in np.flatnonzero(unsure):
+        rounded[component] = np.float32(np.cumsum(signs[component] * values)[-1])
+    # In order from +0.0, a sum of zeros is +0.0; in another order it may be -0.0.
+    rounded[rounded == 0] = 0.0
+    return rounded
 
 
 def fingerprint(values: Any) -> str:
@@ -103,24 +121,30 @@ STAT_FLOATS = ("min", "max", "mean", "std", "l2_norm")
 def stat_numbers(values: Any) -> Tuple[int, int, np.ndarray]:
     """``nan_count``, ``inf_count`` and the float32 array of ``min``, ``max``, ``mean``,
     ``std`` and ``l2_norm`` (see :func:`stats`)."""
-    x = as_f32(values)
+    return _statistics(as_f32(values))[:3]
+
+
+def _statistics(x: np.ndarray) -> Tuple[int, int, np.ndarray, Optional[np.ndarray]]:
+    """:func:`stat_numbers` of a flat float32 array, and the array in float64 when every value
+    is finite (``None`` otherwise)."""
     low = high = np.float32(0)
     if x.size:
         low, high = x.min(), x.max()  # NaN if any value is
     if np.isfinite(low) and np.isfinite(high):
         nan_count = inf_count = 0
-        finite = x.astype(np.float64)
+        finite = everything = x.astype(np.float64)
     else:
         finite_mask = np.isfinite(x)
         nan_count = int(np.isnan(x).sum())
         inf_count = int(x.size - nan_count - finite_mask.sum())
-        finite = x[finite_mask].astype(np.float64)
+        finite, everything = x[finite_mask].astype(np.float64), None
     if finite.size == 0:
-        return nan_count, inf_count, np.zeros(len(STAT_FLOATS), dtype=np.float32)
+        return nan_count, inf_count, np.zeros(len(STAT_FLOATS), dtype=np.float32), everything
     mean = finite.mean()
     std = np.sqrt(np.mean((finite - mean) ** 2))
     norm = np.sqrt(np.sum(finite * finite))
-    return nan_count, inf_count, np.array([finite.min(), finite.max(), mean, std, norm], dtype=np.float32)
+    floats = np.array([finite.min(), finite.max(), mean, std, norm], dtype=np.float32)
+    return nan_count, inf_count, floats, everything
 
 
 def stats(values: Any) -> Dict[str, Any]:
@@ -195,13 +219,14 @@ def tensor_summary(values: Any, shape: Optional[Sequence[int]] = None, dtype: st
     unless given)."""
     array = np.asarray(values)
     x = as_f32(array)
-    nan_count, inf_count, floats = stat_numbers(x)
+    nan_count, inf_count, floats, x64 = _statistics(x)
     result = Summary([int(d) for d in (shape if shape is not None else array.shape)], dtype, int(x.size),
                      nan_count, inf_count, floats)
     if digest:
         result.fingerprint = fingerprint(x)
         result.samples = min(SAMPLE_LEN, x.size)
-        result.floats = np.concatenate([floats, sketch(x), x[:result.samples], x[x.size - result.samples:]])
+        sketched = _sketch(x64) if x64 is not None else sketch(x)
+        result.floats = np.concatenate([floats, sketched, x[:result.samples], x[x.size - result.samples:]])
     return result
 
 

@@ -1,0 +1,52 @@
+"""The sketch is the float32 rounding of sums added in index order (docs/trace-format.md).
+model_trace adds them in another order (a matrix product), which may round differently, and in
+index order where the difference could show in the float32 result: these tests hold it to the
+definition, numpy's np.cumsum."""
+
+import numpy as np
+
+import model_trace
+from model_trace.format import _sketch, sketch_signs
+
+
+def in_order(values):
+    """The definition, as docs/trace-format.md writes it in numpy."""
+    x = np.asarray(values, dtype=np.float32).reshape(-1)
+    finite = np.where(np.isfinite(x), x, 0).astype(np.float64)
+    signs = sketch_signs(x.size).astype(np.float64)
+    return np.cumsum(signs * finite, axis=1)[:, -1].astype(np.float32)
+
+
+def bits(values):
+    return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
+
+
+def test_wide_ranges_of_magnitude_round_as_added_in_order():
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 8, 100, 4096, 50000):
+        for _ in range(5):
+            values = (rng.standard_normal(n) * np.exp(rng.uniform(-40, 40, n))).astype(np.float32)
+            assert bits(model_trace.sketch(values)) == bits(in_order(values)), n
+
+
+def test_a_sum_on_a_float32_midpoint_is_added_in_order():
+    """1 + 2^-24 is the midpoint between 1 and the next float32. In order, each tiny value
+    added to it is lost (below half a float64 ulp) and the tie rounds to 1.0; in another order
+    the tiny values add up to a float64 ulp first and the sum rounds up. Every component whose
+    signs keep the midpoint is such a sum."""
+    values = np.array([1.0, 2.0**-24] + [2.0**-54] * 4096, dtype=np.float32)
+    signs = sketch_signs(values.size)
+    terms = signs * values.astype(np.float64)
+    near_midpoint = [k for k in range(8) if signs[k, 0] == signs[k, 1] and np.float32(terms[k].sum()) != np.float32(np.cumsum(terms[k])[-1])]
+    assert near_midpoint, "no component sums to the midpoint in another order"
+    assert bits(_sketch(values.astype(np.float64))) == bits(in_order(values))
+
+
+def test_zeros_sum_to_positive_zero():
+    assert bits(model_trace.sketch(np.array([-0.0, 0.0, -0.0], dtype=np.float32))) == [0] * 8
+
+
+def test_signs_are_cached_per_length_and_read_only():
+    assert sketch_signs(1000) is sketch_signs(1000)
+    assert not sketch_signs(1000).flags.writeable
+    assert set(np.unique(sketch_signs(1000)).tolist()) == {-1, 1}
