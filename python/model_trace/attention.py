@@ -86,7 +86,7 @@ def attention_rows(probs: Any, top_k: int = 10, weight_threshold: float = 0.01) 
     normal = finite & (w >= _SMALLEST_NORMAL)
     mass = torch.where(normal, w.to(torch.float64), 0.0)
     total = mass.sum(dim=1)
-    entropy = -torch.where(normal, mass * torch.log(torch.where(normal, mass, 1.0)), 0.0).sum(dim=1)
+    entropy = -torch.where(normal, mass * _log(torch.where(normal, mass, 1.0)), 0.0).sum(dim=1)
 
     # The heaviest first, the lower position first on ties, in one top-k: a positive float32's
     # bits order as the float does, so (bits << 32 | k_len − 1 − position) orders the pairs.
@@ -115,3 +115,13 @@ def attention_rows(probs: Any, top_k: int = 10, weight_threshold: float = 0.01) 
         measures=packed[:, 2 * width:].astype(np.float32),
     )
 
+
+def _log(values: Any) -> Any:
+    """The natural logarithm of a float64 tensor. On the CPU numpy's: torch's runs on several
+    threads from 2048 values on, which at these sizes costs more than it saves and, on a busy
+    machine, waits for a descheduled thread for milliseconds."""
+    import torch
+
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.log(values.numpy()))
+    return torch.log(values)
