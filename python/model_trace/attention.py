@@ -1,7 +1,7 @@
 """The rows of an ``attention`` event (docs/trace-format.md) for every query of a
-``[batch, heads, q_len, k_len]`` tensor at once: torch operations over the whole tensor on its
-own device, then one copy of the results to the host. The analysis needs torch; the rows it gives do
-not.
+``[batch, heads, q_len, k_len]`` tensor at once, in one pass of array operations over the
+whole tensor: with torch on the tensor's own device (then one copy of the results to the
+host), with numpy in host memory.
 
 Per row, as the Rust runtime records it: the ``top_k`` heaviest finite weights that are > 0
 and >= the threshold (heaviest first, the lower position first on ties), the tail mass (the
@@ -12,8 +12,9 @@ leaves subnormal ones out too), summed in float64.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import numpy as np
 
@@ -67,47 +68,50 @@ class AttentionRows:
 
 
 def attention_rows(probs: Any, top_k: int = 10, weight_threshold: float = 0.01) -> AttentionRows:
-    """Analyses every row of ``probs`` (a torch tensor on any device, or anything
-    ``torch.as_tensor`` reads), read as ``[batch, heads, q_len, k_len]`` with missing leading
-    dimensions taken as 1."""
-    import torch
+    """Analyses every row of ``probs``, read as ``[batch, heads, q_len, k_len]`` with missing
+    leading dimensions taken as 1: a torch tensor on a device is analysed there with torch; a
+    CPU tensor or anything numpy reads, with numpy (torch's cost a operation on the CPU is
+    several times numpy's, and its multithreaded ones wait for descheduled threads on a busy
+    machine)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(probs, torch.Tensor):
+        if probs.device.type != "cpu":
+            return _analyse(probs.detach().to(torch.float32), top_k, weight_threshold, _Torch(torch, probs.device))
+        probs = probs.detach().to(torch.float32).numpy()
+    return _analyse(np.asarray(probs, dtype=np.float32), top_k, weight_threshold, _NUMPY)
 
-    w = torch.as_tensor(probs).detach().to(torch.float32)
-    if w.dim() > 4 or w.dim() == 0:
+
+def _analyse(w: Any, top_k: int, weight_threshold: float, xp: "_Numpy") -> AttentionRows:
+    """:func:`attention_rows` of float32 probabilities, with the array operations of ``xp``."""
+    if w.ndim > 4 or w.ndim == 0:
         raise ValueError(f"model_trace: attention probabilities of shape {list(w.shape)}: expected 1 to 4 dimensions")
-    while w.dim() < 4:
-        w = w.unsqueeze(0)
-    batch, heads, q_len, k_len = w.shape
-    w = w.reshape(-1, k_len).contiguous()
-    rows = w.shape[0]
+    batch, heads, q_len, k_len = (1,) * (4 - w.ndim) + tuple(w.shape)
+    w = xp.contiguous(w.reshape(-1, k_len))
     width = min(top_k, k_len)
-    finite = torch.isfinite(w)
+    finite = xp.isfinite(w)
 
     normal = finite & (w >= _SMALLEST_NORMAL)
-    mass = torch.where(normal, w.to(torch.float64), 0.0)
-    total = mass.sum(dim=1)
-    entropy = -torch.where(normal, mass * _log(torch.where(normal, mass, 1.0)), 0.0).sum(dim=1)
+    total = xp.float64(xp.where(normal, w, 0.0)).sum(1)
+    mass = xp.float64(xp.where(normal, w, 1.0))  # ln 1 = 0: the others add nothing
+    entropy = -(mass * xp.log(mass)).sum(1)
 
     # The heaviest first, the lower position first on ties, in one top-k: a positive float32's
     # bits order as the float does, so (bits << 32 | k_len − 1 − position) orders the pairs.
     candidate = finite & (w >= max(float(np.float32(weight_threshold)), _SMALLEST_POSITIVE))
-    reversed_position = (k_len - 1 - torch.arange(k_len, device=w.device, dtype=torch.int64))
-    keys = torch.where(candidate, (w.view(torch.int32).to(torch.int64) << 32) | reversed_position, -1)
-    best = torch.topk(keys, width, dim=1).values if width else keys[:, :0]
+    keys = xp.where(candidate, (xp.int64(w.view(xp.int32)) << 32) | xp.reversed_positions(k_len), -1)
+    best = xp.largest(keys, width)
     kept = best >= 0
-    positions = torch.where(kept, k_len - 1 - (best & 0xFFFFFFFF), -1)
-    weights = torch.where(kept, torch.gather(w, 1, positions.clamp(min=0)), 0.0)
-    # Summed in order, heaviest first, as the Rust runtime adds them.
-    kept_mass = torch.zeros(rows, dtype=torch.float64, device=w.device)
-    for column in weights.to(torch.float64).unbind(dim=1):
-        kept_mass = kept_mass + column
-    first = w[:, 0] if k_len else torch.zeros(rows, device=w.device)
-    sink = torch.where(torch.isfinite(first) & (first > 0), first, 0.0).to(torch.float64)
+    positions = xp.where(kept, (k_len - 1) - (best & 0xFFFFFFFF), -1)
+    weights = xp.float64(xp.where(kept, xp.gather(w, xp.where(kept, positions, 0)), 0.0))
+    # Added in order, heaviest first, as the Rust runtime adds them.
+    kept_mass = xp.sums_in_order(weights)
+    first = w[:, 0] if k_len else xp.float64(total * 0)
+    sink = xp.float64(xp.where(finite[:, 0] & (first > 0), first, 0.0)) if k_len else first
 
     tail = total - kept_mass
-    measures = torch.stack([torch.where(tail > 0, tail, 0.0), torch.where(entropy > 0, entropy, 0.0), sink], dim=1)
+    measures = [xp.where(tail > 0, tail, 0.0), xp.where(entropy > 0, entropy, 0.0), sink]
     # One copy to the host: positions and float32 weights are exact in float64.
-    packed = torch.cat([positions.to(torch.float64), weights.to(torch.float64), measures], dim=1).cpu().numpy()
+    packed = xp.host(xp.concatenate([xp.float64(positions), weights] + [m.reshape(-1, 1) for m in measures], 1))
     return AttentionRows(
         batch=batch, heads=heads, q_len=q_len, k_len=k_len,
         positions=packed[:, :width].astype(np.int64),
@@ -116,12 +120,95 @@ def attention_rows(probs: Any, top_k: int = 10, weight_threshold: float = 0.01) 
     )
 
 
-def _log(values: Any) -> Any:
-    """The natural logarithm of a float64 tensor. On the CPU numpy's: torch's runs on several
-    threads from 2048 values on, which at these sizes costs more than it saves and, on a busy
-    machine, waits for a descheduled thread for milliseconds."""
-    import torch
+class _Numpy:
+    """The array operations of the analysis, in numpy."""
 
-    if values.device.type == "cpu":
-        return torch.from_numpy(np.log(values.numpy()))
-    return torch.log(values)
+    int32 = np.int32
+    isfinite = staticmethod(np.isfinite)
+    where = staticmethod(np.where)
+    log = staticmethod(np.log)
+
+    @staticmethod
+    def contiguous(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a)
+
+    @staticmethod
+    def float64(a: np.ndarray) -> np.ndarray:
+        return np.asarray(a, dtype=np.float64)
+
+    @staticmethod
+    def int64(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int64)
+
+    @staticmethod
+    def reversed_positions(n: int) -> np.ndarray:
+        return np.arange(n - 1, -1, -1, dtype=np.int64)
+
+    @staticmethod
+    def largest(keys: np.ndarray, count: int) -> np.ndarray:
+        """The ``count`` largest of each row, largest first."""
+        if count == 0:
+            return keys[:, :0]
+        top = np.partition(keys, keys.shape[1] - count, axis=1)[:, keys.shape[1] - count:]
+        return np.sort(top, axis=1)[:, ::-1]
+
+    @staticmethod
+    def gather(a: np.ndarray, index: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(a, index, axis=1)
+
+    @staticmethod
+    def sums_in_order(a: np.ndarray) -> np.ndarray:
+        return np.cumsum(a, axis=1)[:, -1] if a.shape[1] else np.zeros(a.shape[0])
+
+    @staticmethod
+    def concatenate(arrays: List[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(arrays, axis=axis)
+
+    @staticmethod
+    def host(a: np.ndarray) -> np.ndarray:
+        return a
+
+
+_NUMPY = _Numpy()
+
+
+class _Torch:
+    """The array operations of the analysis, in torch on the tensors' device."""
+
+    def __init__(self, torch: Any, device: Any):
+        self.torch, self.device = torch, device
+        self.int32 = torch.int32
+        self.isfinite = torch.isfinite
+        self.where = torch.where
+        self.log = torch.log
+
+    def contiguous(self, a: Any) -> Any:
+        return a.contiguous()
+
+    def float64(self, a: Any) -> Any:
+        return a.to(self.torch.float64)
+
+    def int64(self, a: Any) -> Any:
+        return a.to(self.torch.int64)
+
+    def reversed_positions(self, n: int) -> Any:
+        return self.torch.arange(n - 1, -1, -1, dtype=self.torch.int64, device=self.device)
+
+    def largest(self, keys: Any, count: int) -> Any:
+        return self.torch.topk(keys, count, dim=1).values
+
+    def gather(self, a: Any, index: Any) -> Any:
+        return self.torch.gather(a, 1, index)
+
+    def sums_in_order(self, a: Any) -> Any:
+        # A loop of additions: a scan on a device adds in its own order.
+        total = self.torch.zeros(a.shape[0], dtype=a.dtype, device=a.device)
+        for column in a.unbind(dim=1):
+            total = total + column
+        return total
+
+    def concatenate(self, arrays: List[Any], axis: int) -> Any:
+        return self.torch.cat(arrays, dim=axis)
+
+    def host(self, a: Any) -> np.ndarray:
+        return a.cpu().numpy()
