@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from .floats import FloatTexts
+    from .floats import NumberTexts
 
 FORMAT_NAME = "model-trace"
 SCHEMA_VERSION = 1
@@ -26,6 +28,31 @@ SAMPLE_LEN = 4
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+class _Scratch(threading.local):
+    """Arrays a thread reuses for summaries. A layer's worth of values in float64 is past
+    glibc's threshold for giving memory back when it is freed, so a fresh array of that size
+    is page-faulted in every time, which cost several times the arithmetic done in it."""
+
+    #: The largest array kept (a larger one is made for each use).
+    LIMIT_BYTES = 32 << 20
+
+    def __init__(self) -> None:
+        self.arrays: Dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An array of ``shape`` and ``dtype`` for the use ``name`` (its contents undefined)."""
+        size = math.prod(shape)
+        if size * np.dtype(dtype).itemsize > self.LIMIT_BYTES:
+            return np.empty(shape, dtype=dtype)
+        kept = self.arrays.get(name)
+        if kept is None or kept.size < size or kept.dtype != dtype:
+            kept = self.arrays[name] = np.empty(size, dtype=dtype)
+        return kept[:size].reshape(shape)
+
+
+_scratch = _Scratch()
 
 
 def as_f32(values: Any) -> np.ndarray:
@@ -45,63 +72,76 @@ def element_hashes(n: int) -> np.ndarray:
     return z
 
 
-#: Bytes of sketch signs kept for reuse (tensors of one model come in a few lengths).
-SIGNS_CACHE_BYTES = 64 << 20
-_signs_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
+#: Bytes of sign patterns kept for reuse (tensors of one model come in a few lengths).
+PATTERNS_CACHE_BYTES = 32 << 20
+_patterns_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
+#: ``s_k`` for each of the 256 sign patterns (``[256, 8]``).
+_PATTERN_SIGNS = 1.0 - 2.0 * ((np.arange(256)[:, None] >> np.arange(SKETCH_DIM)) & 1)
+
+
+def sign_patterns(n: int) -> np.ndarray:
+    """The signs of element ``i`` in ``0..n`` as one number: bit ``k`` is set where
+    ``s_k(i) = −1``, which makes it the low byte of ``h(i)`` (read-only: the last lengths asked
+    for are kept, up to ``PATTERNS_CACHE_BYTES``)."""
+    patterns = _patterns_cache.get(n)
+    if patterns is not None:
+        _patterns_cache.move_to_end(n)
+        return patterns
+    patterns = (element_hashes(n) & np.uint64(0xFF)).astype(np.intp)
+    patterns.flags.writeable = False
+    if patterns.nbytes <= PATTERNS_CACHE_BYTES:
+        _patterns_cache[n] = patterns
+        while sum(cached.nbytes for cached in _patterns_cache.values()) > PATTERNS_CACHE_BYTES:
+            _patterns_cache.popitem(last=False)
+    return patterns
 
 
 def sketch_signs(n: int) -> np.ndarray:
     """``s_k(i)`` of the sketch's definition for ``k`` in ``0..8`` and ``i`` in ``0..n``, as a
-    float64 array ``[8, n]`` of ±1 (read-only: the last lengths asked for are kept, up to
-    ``SIGNS_CACHE_BYTES``)."""
-    signs = _signs_cache.get(n)
-    if signs is not None:
-        _signs_cache.move_to_end(n)
-        return signs
-    bits = (element_hashes(n)[None, :] >> np.arange(SKETCH_DIM, dtype=np.uint64)[:, None]) & np.uint64(1)
-    signs = 1.0 - 2.0 * bits.astype(np.float64)
-    signs.flags.writeable = False
-    if signs.nbytes <= SIGNS_CACHE_BYTES:
-        _signs_cache[n] = signs
-        while sum(cached.nbytes for cached in _signs_cache.values()) > SIGNS_CACHE_BYTES:
-            _signs_cache.popitem(last=False)
-    return signs
+    float64 array ``[8, n]`` of ±1."""
+    return _PATTERN_SIGNS[sign_patterns(n)].T
 
 
 def sketch(values: Any) -> np.ndarray:
     """The 8-component sketch, bit for bit as the Rust runtime computes it: per component the
     sum, in float64 and in index order, of ``±x_i`` over the finite values, rounded to float32."""
     x = as_f32(values)
-    return _sketch(np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64))
+    return _sketches(np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64)[None, :])[0]
 
 
 #: The unit roundoff of float64.
 _UNIT_ROUNDOFF = 2.0**-53
 
 
-def _sketch(values: np.ndarray) -> np.ndarray:
-    """The sketch of float64 values (float32 ones, the non-finite replaced by 0), without
-    adding in index order where the order cannot change the float32 result.
+def _sketches(values: np.ndarray) -> np.ndarray:
+    """The sketch of each row of ``values`` (float64 of float32 values, the non-finite
+    replaced by 0), ``[rows, 8]``, without adding in index order where the order cannot change
+    the float32 result.
 
-    Any order of adding ``n`` terms is within ``γ(n−1)·Σ|t|`` of the exact sum
-    (``γ(m) = m·u/(1 − m·u)``, ``u`` the unit roundoff; ``±x`` times ±1 is exact, so a fused
-    multiply-add rounds as an addition does): a matrix product (BLAS, in its own order) and the
-    sum in order are within twice that of each other. Where no float32 rounding boundary lies
-    that close to the product's sum, both round to the same float32; the other components are
-    added in order (``np.cumsum``; ``np.sum`` is pairwise)."""
-    if values.size == 0:
-        return np.zeros(SKETCH_DIM, dtype=np.float32)
-    signs = sketch_signs(values.size)
-    sums = signs @ values
+    Any order of adding ``n`` terms is within ``(n − 1)·u·Σ|t_i|`` of the exact sum (``u`` the
+    unit roundoff, to first order, which the margin below covers; ``±x`` times ±1 is exact, so a
+    fused multiply-add rounds as an addition does), so the sum in index order and one in
+    another order are within ``(2n − 2)·u·Σ|t_i|`` of each other. Where no float32 rounding
+    boundary lies that close to the other order's sum, both round to the same float32; the
+    other components are added in order (``np.cumsum``; ``np.sum`` is pairwise)."""
+    rows, n = values.shape
+    if n == 0:
+        return np.zeros((rows, SKETCH_DIM), dtype=np.float32)
+    patterns = sign_patterns(n)
+    # The sum of each sign pattern's values, then ±1 times those: eight sums in one pass, and
+    # no matrix product (BLAS would start threads that keep spinning after it returns and take a
+    # core from the traced model's own threads).
+    by_pattern = np.stack([np.bincount(patterns, weights=row, minlength=256) for row in values])
+    sums = np.einsum("rp,pk->rk", by_pattern, _PATTERN_SIGNS)
     rounded = sums.astype(np.float32)
     below = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(-np.inf)).astype(np.float64)) / 2
     above = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(np.inf)).astype(np.float64)) / 2
-    # Four times the bound between the two sums: room for the rounding of Σ|x| and of the
-    # differences below.
-    bound = 8 * values.size * _UNIT_ROUNDOFF * np.abs(values).sum()
-    unsure = ~((sums - below > bound) & (above - sums > bound))
-    for component in np.flatnonzero(unsure):
-        rounded[component] = np.float32(np.cumsum(signs[component] * values)[-1])
+    magnitude = np.add.reduce(np.abs(values, out=_scratch.array("work", values.shape, np.float64)), axis=1)
+    # 1% more: room for the rounding of the bound's own sum and of the differences below.
+    bound = (1.01 * _UNIT_ROUNDOFF * (2 * n - 1) * magnitude)[:, None]
+    for row, component in zip(*np.nonzero(~((sums - below > bound) & (above - sums > bound)))):
+        signs = _PATTERN_SIGNS[patterns, component]
+        rounded[row, component] = np.float32(np.cumsum(signs * values[row])[-1])
     # In order from +0.0, a sum of zeros is +0.0; in another order it may be -0.0.
     rounded[rounded == 0] = 0.0
     return rounded
@@ -111,7 +151,7 @@ def fingerprint(values: Any) -> str:
     """BLAKE3 of the values as float32 little-endian bytes, as 64 hex digits."""
     import blake3
 
-    return blake3.blake3(as_f32(values).astype("<f4").tobytes()).hexdigest()
+    return blake3.blake3(as_f32(values).astype("<f4", copy=False).view(np.uint8)).hexdigest()
 
 
 #: Names of the floats of the statistics, in the order of :attr:`Summary.floats`.
@@ -121,30 +161,48 @@ STAT_FLOATS = ("min", "max", "mean", "std", "l2_norm")
 def stat_numbers(values: Any) -> Tuple[int, int, np.ndarray]:
     """``nan_count``, ``inf_count`` and the float32 array of ``min``, ``max``, ``mean``,
     ``std`` and ``l2_norm`` (see :func:`stats`)."""
-    return _statistics(as_f32(values))[:3]
+    x = as_f32(values)
+    nan_count, inf_count, floats, _ = _statistics(x[None, :])
+    return int(nan_count[0]), int(inf_count[0]), floats[0]
 
 
-def _statistics(x: np.ndarray) -> Tuple[int, int, np.ndarray, Optional[np.ndarray]]:
-    """:func:`stat_numbers` of a flat float32 array, and the array in float64 when every value
-    is finite (``None`` otherwise)."""
-    low = high = np.float32(0)
-    if x.size:
-        low, high = x.min(), x.max()  # NaN if any value is
-    if np.isfinite(low) and np.isfinite(high):
-        nan_count = inf_count = 0
-        finite = everything = x.astype(np.float64)
-    else:
-        finite_mask = np.isfinite(x)
-        nan_count = int(np.isnan(x).sum())
-        inf_count = int(x.size - nan_count - finite_mask.sum())
-        finite, everything = x[finite_mask].astype(np.float64), None
-    if finite.size == 0:
-        return nan_count, inf_count, np.zeros(len(STAT_FLOATS), dtype=np.float32), everything
-    mean = finite.mean()
-    std = np.sqrt(np.mean((finite - mean) ** 2))
-    norm = np.sqrt(np.sum(finite * finite))
-    floats = np.array([finite.min(), finite.max(), mean, std, norm], dtype=np.float32)
-    return nan_count, inf_count, floats, everything
+def _statistics(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The statistics of each row of a float32 array ``[rows, n]``: ``nan_count``,
+    ``inf_count``, the float32 ``[rows, 5]`` of :data:`STAT_FLOATS`, and the rows in float64 with
+    the non-finite values replaced by 0 (what the sketch adds)."""
+    rows, n = x.shape
+    values = _scratch.array("values", x.shape, np.float64)
+    values[...] = x
+    nan_count = np.zeros(rows, dtype=np.int64)
+    inf_count = np.zeros(rows, dtype=np.int64)
+    floats = np.zeros((rows, len(STAT_FLOATS)), dtype=np.float32)
+    if n == 0:
+        return nan_count, inf_count, floats, values
+    low, high = values.min(axis=1), values.max(axis=1)  # NaN where a value is
+    finite_rows = np.isfinite(low) & np.isfinite(high)
+    whole = np.flatnonzero(finite_rows)
+    if whole.size:
+        finite = values if whole.size == rows else values[whole]
+        work = _scratch.array("work", finite.shape, np.float64)
+        # np.mean is this pairwise sum divided by the count.
+        mean = np.add.reduce(finite, axis=1) / n
+        np.subtract(finite, mean[:, None], out=work)
+        std = np.sqrt(np.add.reduce(np.multiply(work, work, out=work), axis=1) / n)
+        norm = np.sqrt(np.add.reduce(np.multiply(finite, finite, out=work), axis=1))
+        floats[whole] = np.stack([low[whole], high[whole], mean, std, norm], axis=1)
+    for row in np.flatnonzero(~finite_rows):
+        finite_mask = np.isfinite(x[row])
+        nan_count[row] = np.isnan(x[row]).sum()
+        inf_count[row] = n - nan_count[row] - finite_mask.sum()
+        finite = values[row][finite_mask]
+        if finite.size:
+            mean = np.add.reduce(finite) / finite.size
+            deviations = finite - mean
+            floats[row] = [finite.min(), finite.max(), mean,
+                           np.sqrt(np.add.reduce(deviations * deviations) / finite.size),
+                           np.sqrt(np.add.reduce(finite * finite))]
+        values[row][~finite_mask] = 0.0
+    return nan_count, inf_count, floats, values
 
 
 def stats(values: Any) -> Dict[str, Any]:
@@ -195,11 +253,12 @@ class Summary:
             summary["capture"] = self.capture
         return summary
 
-    def json(self, texts: FloatTexts, offset: int) -> str:
+    def json(self, texts: NumberTexts, offset: int) -> str:
         """The summary's JSON text, the bytes ``dumps(self.as_dict())`` gives, from the JSON
         texts of :attr:`floats`, at ``offset`` in ``texts``."""
         low, high, mean, std, norm = (texts[offset + i] for i in range(len(STAT_FLOATS)))
-        text = (f'{{"shape":{dumps(self.shape)},"dtype":{dumps(self.dtype)},"stats":{{"count":{self.count},'
+        text = (f'{{"shape":[{",".join(map(str, self.shape))}],"dtype":{encode_basestring_ascii(self.dtype)},'
+                f'"stats":{{"count":{self.count},'
                 f'"min":{low},"max":{high},"mean":{mean},"std":{std},"l2_norm":{norm},'
                 f'"nan_count":{self.nan_count},"inf_count":{self.inf_count}}}')
         if self.fingerprint is not None:
@@ -218,16 +277,36 @@ def tensor_summary(values: Any, shape: Optional[Sequence[int]] = None, dtype: st
     """The :class:`Summary` of ``values`` (read row-major as float32; ``shape`` is theirs
     unless given)."""
     array = np.asarray(values)
-    x = as_f32(array)
-    nan_count, inf_count, floats, x64 = _statistics(x)
-    result = Summary([int(d) for d in (shape if shape is not None else array.shape)], dtype, int(x.size),
-                     nan_count, inf_count, floats)
-    if digest:
-        result.fingerprint = fingerprint(x)
-        result.samples = min(SAMPLE_LEN, x.size)
-        sketched = _sketch(x64) if x64 is not None else sketch(x)
-        result.floats = np.concatenate([floats, sketched, x[:result.samples], x[x.size - result.samples:]])
-    return result
+    return tensor_summaries([array], [dtype], digest, [shape if shape is not None else array.shape])[0]
+
+
+def tensor_summaries(arrays: Sequence[Any], dtypes: Sequence[str], digest: bool = True,
+                     shapes: Optional[Sequence[Sequence[int]]] = None) -> List[Summary]:
+    """The :class:`Summary` of each array, those of one length computed together: one pass of
+    array operations over all of them (at the sizes of a layer's activations, a summary's cost
+    is mostly numpy's cost a call)."""
+    flat = [as_f32(a) for a in arrays]
+    shapes = shapes if shapes is not None else [np.shape(a) for a in arrays]
+    by_length: Dict[int, List[int]] = {}
+    for index, x in enumerate(flat):
+        by_length.setdefault(x.size, []).append(index)
+    made: Dict[int, Summary] = {}
+    for n, members in by_length.items():
+        if len(members) == 1:
+            block = flat[members[0]][None, :]
+        else:
+            block = np.stack([flat[i] for i in members], out=_scratch.array("block", (len(members), n), np.float32))
+        nan_count, inf_count, floats, finite = _statistics(block)
+        samples = min(SAMPLE_LEN, n)
+        if digest:
+            floats = np.concatenate([floats, _sketches(finite), block[:, :samples], block[:, n - samples:]], axis=1)
+        for row, index in enumerate(members):
+            made[index] = Summary([int(d) for d in shapes[index]], dtypes[index], n, int(nan_count[row]),
+                                  int(inf_count[row]), floats[row])
+            if digest:
+                made[index].fingerprint = fingerprint(block[row])
+                made[index].samples = samples
+    return [made[index] for index in range(len(flat))]
 
 
 def summarize(values: Any, shape: Optional[Sequence[int]] = None, dtype: str = "f32", digest: bool = True) -> Dict[str, Any]:

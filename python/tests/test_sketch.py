@@ -6,7 +6,7 @@ definition, numpy's np.cumsum."""
 import numpy as np
 
 import model_trace
-from model_trace.format import _sketch, sketch_signs
+from model_trace.format import _sketches, element_hashes, sign_patterns, sketch_signs
 
 
 def in_order(values):
@@ -39,14 +39,15 @@ def test_a_sum_on_a_float32_midpoint_is_added_in_order():
     terms = signs * values.astype(np.float64)
     near_midpoint = [k for k in range(8) if signs[k, 0] == signs[k, 1] and np.float32(terms[k].sum()) != np.float32(np.cumsum(terms[k])[-1])]
     assert near_midpoint, "no component sums to the midpoint in another order"
-    assert bits(_sketch(values.astype(np.float64))) == bits(in_order(values))
+    assert bits(_sketches(values.astype(np.float64)[None, :])[0]) == bits(in_order(values))
 
 
 def test_zeros_sum_to_positive_zero():
     assert bits(model_trace.sketch(np.array([-0.0, 0.0, -0.0], dtype=np.float32))) == [0] * 8
 
 
-def test_signs_are_cached_per_length_and_read_only():
-    assert sketch_signs(1000) is sketch_signs(1000)
-    assert not sketch_signs(1000).flags.writeable
-    assert set(np.unique(sketch_signs(1000)).tolist()) == {-1, 1}
+def test_sign_patterns_are_the_hashes_low_bytes_cached_per_length():
+    patterns = sign_patterns(1000)
+    assert patterns is sign_patterns(1000) and not patterns.flags.writeable
+    assert patterns.tolist() == [int(h) & 0xFF for h in element_hashes(1000)]
+    assert (sketch_signs(1000) == np.where((patterns[None, :] >> np.arange(8)[:, None]) & 1, -1.0, 1.0)).all()
