@@ -13,12 +13,12 @@ is the rule of Steele & White's and numpy's Dragon4. A value whose decision floa
 with certainty (a decimal on the midpoint between two float32, two decimals equally near,
 magnitudes whose powers of ten float64 does not hold exactly) is formatted the slow way,
 value by value. The texts are then laid out as ASCII in one array, a row a value, four digits
-at a time from a table, and joined.
+at a time from a table, and joined; :func:`integer_texts` lays out integers the same way.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -44,14 +44,16 @@ _FIRST = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype=np.uint32)
 _LAST = np.array([0, 0xFF000000, 0xFFFF0000, 0xFFFFFF00, 0xFFFFFFFF], dtype=np.uint32)
 
 
-class FloatTexts:
-    """The JSON texts of float32 values, joined by commas in one string: ``texts[i]`` is value
-    ``i``'s, ``texts.span(a, b)`` those of values ``a`` to ``b - 1`` with their commas."""
+class NumberTexts:
+    """The JSON texts of numbers, joined by commas in one string: ``texts[i]`` is number
+    ``i``'s, ``texts.span(a, b)`` those of numbers ``a`` to ``b - 1`` with their commas."""
 
-    def __init__(self, joined: str, starts: List[int]):
+    def __init__(self, joined: str, starts: np.ndarray):
         self.joined = joined
-        #: Where each value's text starts in ``joined``, and one past the last comma.
-        self.starts = starts
+        #: Where each number's text starts in ``joined``, and one past the last comma (an array;
+        #: :attr:`starts` the same as a list, faster to index one by one).
+        self.start_array = starts
+        self.starts: List[int] = starts.tolist()
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -63,9 +65,11 @@ class FloatTexts:
         return self.joined[self.starts[start]:self.starts[stop] - 1] if stop > start else ""
 
 
-def float_texts(values: Any) -> FloatTexts:
+def float_texts(values: Any) -> NumberTexts:
     """The JSON text of each value, read as float32, row-major: ``dumps(f32(v))``."""
     x = np.ascontiguousarray(np.asarray(values, dtype=np.float32)).reshape(-1)
+    if x.size == 0:
+        return NumberTexts("", np.zeros(1, dtype=np.int64))
     magnitude = np.abs(x)
     arithmetic = np.flatnonzero((magnitude >= _LOW) & (magnitude < _HIGH))
     shortest, power, certain = _shortest_decimals(magnitude[arithmetic])
@@ -79,14 +83,27 @@ def float_texts(values: Any) -> FloatTexts:
     return _join(laid_out, digits, exponent, np.signbit(x), other_texts)
 
 
+def integer_texts(values: Any) -> NumberTexts:
+    """The JSON text of each integer (``str(v)``), below 10**16 in magnitude."""
+    values = np.asarray(values, dtype=np.int64).reshape(-1)
+    magnitude = np.abs(values)
+    if magnitude.size and magnitude.max() >= _INT_POWERS[16]:
+        raise ValueError("model_trace: integers of 10**16 and beyond are not written here")
+    count = np.maximum(np.searchsorted(_INT_POWERS, magnitude, side="right"), 1)
+    width = 4 * -(-int(count.max(initial=1)) // 4)
+    rows = np.zeros((values.size, width + 2), dtype=np.uint8)
+    rows[:, 0] = np.where(values < 0, ord("-"), 0)
+    _write_digits(rows[:, 1:-1], magnitude, count, right_aligned=True)
+    rows[:, -1] = ord(",")
+    lengths = (values < 0) + count + 1
+    joined = rows.tobytes().translate(None, b"\0").decode("ascii")
+    return NumberTexts(joined, np.concatenate([[0], np.cumsum(lengths)]))
+
+
 def _shortest_decimals(magnitude: np.ndarray):
     """For positive float32 values in [_LOW, _HIGH): the shortest decimal ``digits·10^exponent``
     that reads back to each, and whether it was decided with certainty."""
     value = magnitude.astype(np.float64)
-    # Reading back rounds to the nearest float32: the decimal must lie strictly between the
-    # midpoints to the neighbours (exact in float64: the sum of two adjacent float32 values).
-    above = (value + np.nextafter(magnitude, np.float32(np.inf)).astype(np.float64)) * 0.5
-    below = (value + np.nextafter(magnitude, np.float32(0)).astype(np.float64)) * 0.5
     leading = np.floor(np.log10(value)).astype(np.int64)
     first = _scaled(value, leading)
     leading += (first >= 10).astype(np.int64) - (first < 1).astype(np.int64)
@@ -96,26 +113,33 @@ def _shortest_decimals(magnitude: np.ndarray):
     digits = np.zeros(value.size, dtype=np.int64)
     exponent = np.zeros(value.size, dtype=np.int64)
 
-    def try_places(places: int, which: np.ndarray) -> np.ndarray:
-        """Records the decimals of ``places`` digits that read back; those values' indices."""
-        found, sure, n, k = _nearest_reading_back(value[which], magnitude[which], above[which], below[which],
-                                                  leading[which] - places + 1)
+    def try_places(places: int, which: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Records the decimals of ``places`` digits that read back; the indices of the values
+        that have one and of those that surely have none."""
+        found, sure, n, k = _nearest_reading_back(value[which], magnitude[which], leading[which] - places + 1)
         certain[which[~sure]] = False
         keep = found & sure
         digits[which[keep]] = n[keep]
         exponent[which[keep]] = k[keep]
-        return which[keep]
+        return which[keep], which[~found & sure]
 
     # The numbers of digits that read back are p0..9 for some p0 (a finer grid keeps the
-    # decimals that read back), and most float32 need 7 to 9: 8 first, then 9 or 7, 6, ...
-    todo = np.flatnonzero(certain)
-    shorter = try_places(_MAX_DIGITS - 1, todo)
-    longest = np.setdiff1d(todo, shorter, assume_unique=True)
-    certain[np.setdiff1d(longest, try_places(_MAX_DIGITS, longest), assume_unique=True)] = False
-    for places in range(_MAX_DIGITS - 2, 0, -1):
-        if shorter.size == 0:
-            break
-        shorter = try_places(places, shorter)
+    # decimals that read back), and most float32 need 7 to 9: 8 first, then 9 or 7, then the
+    # few shorter ones at every count from 6 down to 1 at once.
+    shorter, longest = try_places(_MAX_DIGITS - 1, np.flatnonzero(certain))
+    certain[try_places(_MAX_DIGITS, longest)[1]] = False  # only an unsure decision misses 9
+    shorter = try_places(_MAX_DIGITS - 2, shorter)[0]
+    if shorter.size:
+        counts = np.arange(_MAX_DIGITS - 3, 0, -1)
+        which = np.repeat(shorter, counts.size)
+        found, sure, n, k = _nearest_reading_back(value[which], magnitude[which],
+                                                  leading[which] - np.tile(counts, shorter.size) + 1)
+        certain[shorter[~sure.reshape(-1, counts.size).all(axis=1)]] = False
+        reading = found.reshape(-1, counts.size).sum(axis=1)  # counts.size + 1 - p0 of them
+        has = np.flatnonzero(reading)
+        shortest = has * counts.size + reading[has] - 1
+        digits[shorter[has]] = n[shortest]
+        exponent[shorter[has]] = k[shortest]
     # Only p = 1 can round up to a 0 digit (9.6 -> 10): the decimal is 1·10^(k+1).
     overflow = digits == 10
     digits[overflow] = 1
@@ -128,29 +152,35 @@ def _scaled(value: np.ndarray, k: np.ndarray) -> np.ndarray:
     return value * _UP[k + 22] / _DOWN[k + 22]
 
 
-def _nearest_reading_back(value, magnitude, above, below, k):
+def _nearest_reading_back(value, magnitude, k):
     """Whether ``n·10^k`` or ``(n+1)·10^k`` (the decimals around ``value`` with that last
     place) reads back to ``magnitude``, whether that was decided with certainty, and the
     chosen ``n`` and ``k``."""
-    scaled = _scaled(value, k)
+    up, down = _UP[k + 22], _DOWN[k + 22]
+    scaled = value * up / down
     low = np.floor(scaled)
     fraction = scaled - low
-    down_value = low * _DOWN[k + 22] / _UP[k + 22]
-    up_value = (low + 1) * _DOWN[k + 22] / _UP[k + 22]
+    down_value = low * down / up
+    up_value = (low + 1) * down / up
     down_ok = down_value.astype(np.float32) == magnitude
     up_ok = up_value.astype(np.float32) == magnitude
-    # The float64 nearest a decimal is on the decimal's side of a midpoint, or on it: only
-    # landing on it leaves the side unknown.
-    on_midpoint = (down_value == above) | (down_value == below) | (up_value == above) | (up_value == below)
-    both = down_ok & up_ok
+    # Reading back rounds to the nearest float32. The float64 nearest a decimal is on the
+    # decimal's side of the midpoint between two float32, or on it: only landing on it (25
+    # significant bits, the last set) leaves the side unknown.
+    on_midpoint = _is_midpoint(down_value) | _is_midpoint(up_value)
     # `scaled` is within 1.2e-7 of the exact quotient (below 1e9, rounded once).
-    tie = both & (np.abs(fraction - 0.5) < 1e-6)
+    tie = down_ok & up_ok & (np.abs(fraction - 0.5) < 1e-6)
     take_up = up_ok & (~down_ok | (fraction > 0.5))
     return down_ok | up_ok, ~(on_midpoint | tie), (low + take_up).astype(np.int64), k
 
 
+def _is_midpoint(value: np.ndarray) -> np.ndarray:
+    """Whether float64 values (in float32's normal range) lie halfway between two float32."""
+    return (value.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)
+
+
 def _join(laid_out: np.ndarray, digits: np.ndarray, exponent: np.ndarray, negative: np.ndarray,
-          other_texts: Dict[int, str]) -> FloatTexts:
+          other_texts: Dict[int, str]) -> NumberTexts:
     """Python's ``repr`` of ``±digits·10^exponent`` (``digits`` without trailing zeros) where
     ``laid_out`` (``0.0625``, ``1.5``, ``1500.0``, ``1.5e-05`` below 1e-4), the
     ``other_texts`` elsewhere, joined."""
@@ -195,7 +225,7 @@ def _join(laid_out: np.ndarray, digits: np.ndarray, exponent: np.ndarray, negati
             lengths[index] = len(text) + 1
         rows = all_rows
     joined = rows.tobytes().translate(None, b"\0").decode("ascii")
-    return FloatTexts(joined, np.concatenate([[0], np.cumsum(lengths)]).tolist())
+    return NumberTexts(joined, np.concatenate([[0], np.cumsum(lengths)]))
 
 
 def _write_digits(chars: np.ndarray, values: np.ndarray, kept: np.ndarray, right_aligned: bool) -> None:

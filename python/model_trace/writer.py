@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 import threading
 import time
+from json.encoder import encode_basestring_ascii
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import __version__
 from .attention import AttentionRows
-from .floats import FloatTexts, float_texts
-from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, tensor_summary
+from .floats import NumberTexts, float_texts, integer_texts
+from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, tensor_summaries, tensor_summary
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -94,7 +95,7 @@ class TraceWriter:
     layer and its stages (``input`` and ``output`` included), ``attention`` and ``logits`` record
     those tensors. Sequence numbers and times follow the format. Events are written at the end
     of every pass and by :meth:`close` (and sooner when a pass holds more than
-    ``PENDING_FLOATS`` floats), the floats of all of them turned into text at once.
+    ``PENDING_FLOATS`` floats), the numbers of all of them turned into text at once.
     """
 
     #: Floats held back before the completed events are written even within a pass.
@@ -125,8 +126,7 @@ class TraceWriter:
         self.layers: List[Dict[str, Any]] = []
         self.closed = False
         self._pending: List[Dict[str, Any]] = []
-        self._floats: List[np.ndarray] = []
-        self._float_count = 0
+        self._numbers = _PendingNumbers()
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -149,22 +149,15 @@ class TraceWriter:
     def _queue(self, event: Dict[str, Any]) -> None:
         """An event to write with the next batch; its values may be :class:`_Deferred`."""
         self._pending.append(event)
-        if self._float_count > self.PENDING_FLOATS:
+        if self._numbers.floats.count > self.PENDING_FLOATS:
             self._write_pending()
-
-    def _defer_floats(self, values: np.ndarray) -> int:
-        """Holds float32 values back to be turned into text with the batch; their offset in it."""
-        offset = self._float_count
-        self._floats.append(values)
-        self._float_count += values.size
-        return offset
 
     def _write_pending(self) -> None:
         if not self._pending:
             return
-        texts = float_texts(np.concatenate(self._floats) if self._floats else [])
+        texts = self._numbers.texts()
         self.file.write("".join(_json(event, texts) + "\n" for event in self._pending))
-        self._pending, self._floats, self._float_count = [], [], 0
+        self._pending, self._numbers = [], _PendingNumbers()
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -179,17 +172,20 @@ class TraceWriter:
         """The tensor summary of ``values`` (anything numpy reads); ``dtype`` names the
         framework's element type when the values were converted."""
         array = np.asarray(values)
-        dtype = dtype or dtype_name(array.dtype)
-        summary = tensor_summary(array, dtype=dtype, digest=self.digest)
-        if self.capture is not None and wants_capture:
-            pass_text = "none" if self.pass_index is None else str(self.pass_index)
-            layer_text = "none" if layer is None else str(layer)
-            name = f"p{pass_text}.l{layer_text}.{what}.s{self.seq}"
-            summary.capture = self.capture.add(name, as_f32(array).reshape(array.shape))
+        summary = tensor_summary(array, dtype=dtype or dtype_name(array.dtype), digest=self.digest)
+        summary.capture = self._capture(array, what, layer, wants_capture)
         return summary
 
+    def _capture(self, array: np.ndarray, what: str, layer: Optional[int], wants: bool) -> Optional[Dict[str, str]]:
+        """Saves ``array`` in full when captures are on and ``wants``; where it went."""
+        if self.capture is None or not wants:
+            return None
+        pass_text = "none" if self.pass_index is None else str(self.pass_index)
+        layer_text = "none" if layer is None else str(layer)
+        return self.capture.add(f"p{pass_text}.l{layer_text}.{what}.s{self.seq}", as_f32(array).reshape(array.shape))
+
     def _deferred_summary(self, summary: Summary) -> "_Deferred":
-        return _DeferredSummary(summary, self._defer_floats(summary.floats))
+        return _DeferredSummary(summary, self._numbers.floats.add(summary.floats))
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -254,13 +250,18 @@ class TraceWriter:
         })
 
     def stage(self, name: str, values: Any, wants_capture: bool = False, dtype: Optional[str] = None) -> None:
-        """A stage (or ``input``/``output``) of the innermost open layer."""
+        """A stage (or ``input``/``output``) of the innermost open layer. Its summary is made when
+        the layer ends, with the layer's other stages (one pass of array operations over those of
+        one length), from a copy of the values taken now."""
         if not self.layers:
             return
         frame = self.layers[-1]
         seq = self.next_seq()
-        summary = self.summary(values, name, frame["layer"], wants_capture, dtype)
-        frame["stages"].append({"seq": seq, "name": name, "tensor": self._deferred_summary(summary)})
+        array = np.asarray(values)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
+        stage = _PendingStage(array, dtype, self._capture(array, name, frame["layer"], wants_capture))
+        frame["stages"].append({"seq": seq, "name": name, "tensor": stage})
 
     def stage_summary(self, name: str, summary: Dict[str, Any]) -> None:
         """A stage of the innermost open layer whose tensor summary is already made (a dict as
@@ -272,6 +273,12 @@ class TraceWriter:
         if not self.layers:
             return
         frame = self.layers.pop()
+        pending = [stage for stage in frame["stages"] if isinstance(stage["tensor"], _PendingStage)]
+        tensors = [stage["tensor"] for stage in pending]
+        summaries = tensor_summaries([t.values for t in tensors], [t.dtype for t in tensors], self.digest)
+        for stage, tensor, summary in zip(pending, tensors, summaries):
+            summary.capture = tensor.capture
+            stage["tensor"] = self._deferred_summary(summary)
         frame["duration_ns"] = self.now_ns() - frame["start_ns"]
         self._queue(frame)
 
@@ -302,8 +309,7 @@ class TraceWriter:
             "tracepoint": tracepoint,
             "function": function,
             "probs": self._deferred_summary(summary),
-            "rows": _DeferredRows(rows, int(layer), self._defer_floats(rows.weights[rows.positions >= 0]),
-                                  self._defer_floats(rows.measures.reshape(-1))),
+            "rows": _DeferredRows(rows, int(layer), self._numbers),
         })
 
     def logits(self, logits: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
@@ -321,11 +327,9 @@ class TraceWriter:
         rows = []
         for b in range(array.shape[0]):
             row = array[b, -1]
-            finite = np.where(np.isfinite(row), row, -np.inf)
-            order = np.argsort(-finite, kind="stable")[:top_k]
-            order = order[np.isfinite(row[order])]
-            rows.append({"batch": b, "top_tokens": order.tolist(),
-                         "top_logits": _DeferredList(self._defer_floats(row[order]), order.size)})
+            best = top_tokens(row, top_k)
+            rows.append({"batch": b, "top_tokens": best.tolist(),
+                         "top_logits": _DeferredList(self._numbers.floats.add(row[best]), best.size)})
         self._queue({
             "event": "logits",
             "seq": seq,
@@ -350,10 +354,65 @@ class TraceWriter:
         self.closed = True
 
 
-class _Deferred:
-    """A value of a pending event whose JSON text needs the batch's float texts."""
+def top_tokens(logits: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` tokens of a row of logits with the highest finite logits, best first, the
+    lower token first on ties (a partition, then a sort of the few that can be among them)."""
+    count = min(count, logits.size)
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    key = -np.where(np.isfinite(logits), logits, -np.inf)
+    candidates = np.flatnonzero(key <= np.partition(key, count - 1)[count - 1])
+    best = candidates[np.lexsort((candidates, key[candidates]))][:count]
+    return best[np.isfinite(logits[best])]
 
-    def json(self, texts: FloatTexts) -> str:
+
+class _PendingStage:
+    """A stage's values until its layer ends, with its element type and capture."""
+
+    def __init__(self, values: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]):
+        self.values, self.dtype, self.capture = values, dtype, capture
+
+
+class _Batch:
+    """Numbers held back for a batch of events, as arrays, each array's offset among them."""
+
+    def __init__(self) -> None:
+        self.arrays: List[np.ndarray] = []
+        self.count = 0
+
+    def add(self, values: np.ndarray) -> int:
+        offset = self.count
+        self.arrays.append(values)
+        self.count += values.size
+        return offset
+
+    def values(self) -> np.ndarray:
+        return np.concatenate(self.arrays) if self.arrays else np.zeros(0)
+
+
+class _Texts:
+    """The JSON texts of a batch's floats and integers."""
+
+    def __init__(self, floats: NumberTexts, integers: NumberTexts):
+        self.floats, self.integers = floats, integers
+
+
+class _PendingNumbers:
+    """The floats and the integers of the events not yet written: turned into text at once, one
+    vectorised conversion each, when the events are written."""
+
+    def __init__(self) -> None:
+        self.floats = _Batch()
+        self.integers = _Batch()
+
+    def texts(self) -> _Texts:
+        return _Texts(float_texts(self.floats.values()), integer_texts(self.integers.values()))
+
+
+class _Deferred:
+    """A value of a pending event whose JSON text needs the batch's number texts."""
+
+    def json(self, texts: _Texts) -> str:
         raise NotImplementedError
 
 
@@ -361,51 +420,60 @@ class _DeferredSummary(_Deferred):
     def __init__(self, summary: Summary, offset: int):
         self.summary, self.offset = summary, offset
 
-    def json(self, texts: FloatTexts) -> str:
-        return self.summary.json(texts, self.offset)
+    def json(self, texts: _Texts) -> str:
+        return self.summary.json(texts.floats, self.offset)
 
 
 class _DeferredList(_Deferred):
     def __init__(self, offset: int, count: int):
         self.offset, self.count = offset, count
 
-    def json(self, texts: FloatTexts) -> str:
-        return f"[{texts.span(self.offset, self.offset + self.count)}]"
+    def json(self, texts: _Texts) -> str:
+        return f"[{texts.floats.span(self.offset, self.offset + self.count)}]"
 
 
 class _DeferredRows(_Deferred):
-    """The ``rows`` of an attention event: the kept weights and then the three measures of
-    each row are at ``weights`` and ``measures`` in the batch's float texts."""
+    """The ``rows`` of an attention event, their numbers held in ``numbers``."""
 
-    def __init__(self, rows: AttentionRows, layer: int, weights: int, measures: int):
-        self.rows, self.layer, self.weights, self.measures = rows, layer, weights, measures
+    def __init__(self, rows: AttentionRows, layer: int, numbers: _PendingNumbers):
+        kept = rows.positions >= 0
+        self.rows, self.layer = rows, layer
+        self.positions = numbers.integers.add(rows.positions[kept])
+        self.weights = numbers.floats.add(rows.weights[kept])
+        self.measures = numbers.floats.add(rows.measures.reshape(-1))
 
-    def json(self, texts: FloatTexts) -> str:
+    def json(self, texts: _Texts) -> str:
         rows = self.rows
-        kept = rows.kept
-        ends = np.cumsum(kept).tolist()
-        positions = list(map(str, rows.positions[rows.positions >= 0].tolist()))
-        index = np.arange(kept.size)
-        batch = (index // (rows.heads * rows.q_len)).tolist()
-        head = (index // rows.q_len % rows.heads).tolist()
-        query = (rows.k_len - rows.q_len + index % rows.q_len).tolist()
-        prefix = f'{{"layer_idx":{self.layer},"batch":'
-        keys = f',"num_keys":{rows.k_len},"top_k_positions":['
-        weights, measures = self.weights, self.measures
-        parts = []
-        start = 0
-        for row, end in enumerate(ends):
-            measure = measures + 3 * row
-            parts.append(
-                f'{prefix}{batch[row]},"head_idx":{head[row]},"query_pos":{query[row]}{keys}'
-                f'{",".join(positions[start:end])}],"top_k_weights":[{texts.span(weights + start, weights + end)}],'
-                f'"tail_mass":{texts[measure]},"entropy":{texts[measure + 1]},"sink_weight":{texts[measure + 2]}}}')
-            start = end
-        return f"[{','.join(parts)}]"
+        ends = np.cumsum(rows.kept)
+        starts = ends - rows.kept
+        index = np.arange(ends.size)
+        heads = [f'{{"layer_idx":{self.layer},"batch":{b},"head_idx":{h},"query_pos":{q},"num_keys":{rows.k_len},'
+                 for b, h, q in zip((index // (rows.heads * rows.q_len)).tolist(), (index // rows.q_len % rows.heads).tolist(),
+                                    (rows.k_len - rows.q_len + index % rows.q_len).tolist())]
+        positions = _spans(texts.integers, self.positions + starts, self.positions + ends)
+        weights = _spans(texts.floats, self.weights + starts, self.weights + ends)
+        measures = _spans(texts.floats, self.measures + np.arange(3 * ends.size), self.measures + np.arange(1, 3 * ends.size + 1))
+        return "[" + ",".join(
+            f'{head}"top_k_positions":[{kept}],"top_k_weights":[{weight}],'
+            f'"tail_mass":{tail},"entropy":{entropy},"sink_weight":{sink}}}'
+            for head, kept, weight, tail, entropy, sink
+            in zip(heads, positions, weights, measures[0::3], measures[1::3], measures[2::3])) + "]"
 
 
-def _json(value: Any, texts: FloatTexts) -> str:
-    """``dumps(value)``, with each :class:`_Deferred` in it written from the float texts."""
+def _spans(texts: NumberTexts, starts: np.ndarray, stops: np.ndarray) -> List[str]:
+    """``texts.span(a, b)`` for each ``a`` of ``starts`` and ``b`` of ``stops``."""
+    joined = texts.joined
+    return [joined[a:b - 1] if b > a else "" for a, b in zip(texts.start_array[starts].tolist(), texts.start_array[stops].tolist())]
+
+
+def _json(value: Any, texts: _Texts) -> str:
+    """``dumps(value)``, with each :class:`_Deferred` in it written from the number texts."""
+    if type(value) is int:  # not bool
+        return str(value)
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if value is None:
+        return "null"
     if isinstance(value, _Deferred):
         return value.json(texts)
     if isinstance(value, dict):

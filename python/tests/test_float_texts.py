@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from model_trace.floats import float_texts
+from model_trace.floats import float_texts, integer_texts
 from model_trace.format import dumps, f32, read_float
 
 
@@ -73,3 +73,12 @@ def test_texts_read_back_to_the_same_float32():
     finite = np.isfinite(values)
     assert (back[finite].view(np.uint32) == values[finite].view(np.uint32)).all()
     assert (np.isnan(back) == np.isnan(values)).all()
+
+
+def test_integer_texts():
+    values = [0, 7, -7, 10, 9999, 10000, 123456789, -10**15, 10**16 - 1]
+    texts = integer_texts(values)
+    assert [texts[i] for i in range(len(texts))] == [str(v) for v in values]
+    assert texts.span(1, 4) == "7,-7,10" and integer_texts([]).span(0, 0) == ""
+    with pytest.raises(ValueError):
+        integer_texts([10**16])
