@@ -75,6 +75,7 @@ def element_hashes(n: int) -> np.ndarray:
 #: Bytes of sign patterns kept for reuse (tensors of one model come in a few lengths).
 PATTERNS_CACHE_BYTES = 32 << 20
 _patterns_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
+_patterns_lock = threading.Lock()  # sessions of several threads share the cache
 #: ``s_k`` for each of the 256 sign patterns (``[256, 8]``).
 _PATTERN_SIGNS = 1.0 - 2.0 * ((np.arange(256)[:, None] >> np.arange(SKETCH_DIM)) & 1)
 
@@ -83,16 +84,18 @@ def sign_patterns(n: int) -> np.ndarray:
     """The signs of element ``i`` in ``0..n`` as one number: bit ``k`` is set where
     ``s_k(i) = −1``, which makes it the low byte of ``h(i)`` (read-only: the last lengths asked
     for are kept, up to ``PATTERNS_CACHE_BYTES``)."""
-    patterns = _patterns_cache.get(n)
-    if patterns is not None:
-        _patterns_cache.move_to_end(n)
-        return patterns
+    with _patterns_lock:
+        patterns = _patterns_cache.get(n)
+        if patterns is not None:
+            _patterns_cache.move_to_end(n)
+            return patterns
     patterns = (element_hashes(n) & np.uint64(0xFF)).astype(np.intp)
     patterns.flags.writeable = False
     if patterns.nbytes <= PATTERNS_CACHE_BYTES:
-        _patterns_cache[n] = patterns
-        while sum(cached.nbytes for cached in _patterns_cache.values()) > PATTERNS_CACHE_BYTES:
-            _patterns_cache.popitem(last=False)
+        with _patterns_lock:
+            _patterns_cache[n] = patterns
+            while sum(cached.nbytes for cached in _patterns_cache.values()) > PATTERNS_CACHE_BYTES:
+                _patterns_cache.popitem(last=False)
     return patterns
 
 
