@@ -1,19 +1,23 @@
-"""The JSON text of many float32 values at once, exactly as ``dumps(f32(v))`` writes each one
-(:func:`model_trace.format.f32`: the shortest decimal that reads back to the same float32, in
-Python's ``repr`` layout; ``"NaN"``, ``"inf"``, ``"-inf"`` for the others), without
-formatting each value in Python: a trace holds tens of thousands of floats a forward pass,
-and numpy's shortest-digit formatter costs microseconds a value.
+"""The JSON text of many float32 values at once, exactly as the Rust writer writes each one
+(:func:`model_trace.format.f32_text`: the shortest decimal that reads back to the same float32,
+in serde_json's layout; ``"NaN"``, ``"inf"``, ``"-inf"`` for the others), without formatting
+each value in Python: a trace holds tens of thousands of floats a forward pass, and numpy's
+shortest-digit formatter costs microseconds a value.
 
-The digits come from arithmetic on whole arrays. For a float32 ``x`` and a number of
-significant digits ``p``, the two ``p``-digit decimals around ``x`` are ``n·10^k`` and
+With ``orjson`` installed (``pip install model-trace[fast]``), its float32 formatter writes
+them: serde_json's own (``zmij``), in Rust, about 25 ns a value. It is used only when it writes
+a set of probe values covering every case of the layout as :func:`f32_text` does.
+
+Without it, the digits come from arithmetic on whole arrays. For a float32 ``x`` and a number
+of significant digits ``p``, the two ``p``-digit decimals around ``x`` are ``n·10^k`` and
 ``(n + 1)·10^k``; each is made as the float64 nearest to it (one correctly rounded
 multiplication or division by an exact power of ten) and kept when it reads back to ``x``. The
 shortest ``p`` with a decimal that reads back wins (the nearer of the two when both do), which
-is the rule of Steele & White's and numpy's Dragon4. A value whose decision float64 cannot make
-with certainty (a decimal on the midpoint between two float32, two decimals equally near,
-magnitudes whose powers of ten float64 does not hold exactly) is formatted the slow way,
-value by value. The texts are then laid out as ASCII in one array, a row a value, four digits
-at a time from a table, and joined; :func:`integer_texts` lays out integers the same way.
+is the rule of Steele & White's and numpy's Dragon4 (and serde_json's). A value whose decision
+float64 cannot make with certainty (a decimal on the midpoint between two float32, two decimals
+equally near, magnitudes whose powers of ten float64 does not hold exactly) is formatted the
+slow way, value by value. The texts are then laid out as ASCII in one array, a row a value, four
+digits at a time from a table, and joined; :func:`integer_texts` lays out integers the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .format import dumps, f32
+from .format import FIXED_EXPONENTS, f32_text
 
 #: 10**0 .. 10**22: every power of ten float64 holds exactly.
 _POWERS = np.array([float(10**k) for k in range(23)])
@@ -31,7 +35,7 @@ _POWERS = np.array([float(10**k) for k in range(23)])
 _UP = np.concatenate([_POWERS[:0:-1], np.ones(23)])
 _DOWN = np.concatenate([np.ones(22), _POWERS])
 #: Magnitudes made by arithmetic: every ``p``-digit decimal of them (p <= 9) is ``n·10^k`` with
-#: ``|k| <= 22``, and Python writes them without an exponent below 1e16.
+#: ``|k| <= 22``.
 _LOW, _HIGH = 1e-14, 1e16
 #: Significant digits that always tell float32 values apart.
 _MAX_DIGITS = 9
@@ -66,10 +70,12 @@ class NumberTexts:
 
 
 def float_texts(values: Any) -> NumberTexts:
-    """The JSON text of each value, read as float32, row-major: ``dumps(f32(v))``."""
+    """The JSON text of each value, read as float32, row-major: :func:`f32_text`."""
     x = np.ascontiguousarray(np.asarray(values, dtype=np.float32)).reshape(-1)
     if x.size == 0:
         return NumberTexts("", np.zeros(1, dtype=np.int64))
+    if _orjson is not None:
+        return _orjson_texts(x)
     magnitude = np.abs(x)
     arithmetic = np.flatnonzero((magnitude >= _LOW) & (magnitude < _HIGH))
     shortest, power, certain = _shortest_decimals(magnitude[arithmetic])
@@ -79,7 +85,7 @@ def float_texts(values: Any) -> NumberTexts:
     exponent[arithmetic] = power
     laid_out = x == 0  # 0.0 and -0.0: digits 0
     laid_out[arithmetic[certain]] = True
-    other_texts = {int(i): dumps(f32(x[i])) for i in np.flatnonzero(~laid_out)}
+    other_texts = {int(i): f32_text(x[i]) for i in np.flatnonzero(~laid_out)}
     return _join(laid_out, digits, exponent, np.signbit(x), other_texts)
 
 
@@ -89,6 +95,8 @@ def integer_texts(values: Any) -> NumberTexts:
     magnitude = np.abs(values)
     if magnitude.size and magnitude.max() >= _INT_POWERS[16]:
         raise ValueError("model_trace: integers of 10**16 and beyond are not written here")
+    if _orjson is not None:
+        return _split(_orjson.dumps(values, option=_orjson.OPT_SERIALIZE_NUMPY)) if values.size else NumberTexts("", np.zeros(1, dtype=np.int64))
     count = np.maximum(np.searchsorted(_INT_POWERS, magnitude, side="right"), 1)
     width = 4 * -(-int(count.max(initial=1)) // 4)
     rows = np.zeros((values.size, width + 2), dtype=np.uint8)
@@ -98,6 +106,30 @@ def integer_texts(values: Any) -> NumberTexts:
     lengths = (values < 0) + count + 1
     joined = rows.tobytes().translate(None, b"\0").decode("ascii")
     return NumberTexts(joined, np.concatenate([[0], np.cumsum(lengths)]))
+
+
+def _split(array_json: bytes) -> NumberTexts:
+    """The texts of a JSON array of numbers (``b"[1.5,-2.0]"``, not empty)."""
+    commas = np.flatnonzero(np.frombuffer(array_json, dtype=np.uint8) == ord(","))
+    return NumberTexts(array_json[1:-1].decode("ascii") + ",",
+                       np.concatenate([[0], commas, [len(array_json) - 1]]))
+
+
+def _orjson_texts(x: np.ndarray) -> NumberTexts:
+    """:func:`float_texts` of a non-empty float32 array by orjson (which writes ``null`` for the
+    non-finite values: those are written as zeros, then their texts replaced)."""
+    finite = np.isfinite(x)
+    if finite.all():
+        return _split(_orjson.dumps(x, option=_orjson.OPT_SERIALIZE_NUMPY))
+    texts = _split(_orjson.dumps(np.where(finite, x, np.float32(0)), option=_orjson.OPT_SERIALIZE_NUMPY))
+    replaced = {int(i): f32_text(x[i]) for i in np.flatnonzero(~finite)}
+    pieces, lengths, last = [], np.diff(texts.start_array), 0
+    for index, text in replaced.items():
+        pieces += [texts.joined[texts.starts[last]:texts.starts[index]], text, ","]
+        lengths[index] = len(text) + 1
+        last = index + 1
+    pieces.append(texts.joined[texts.starts[last]:])
+    return NumberTexts("".join(pieces), np.concatenate([[0], np.cumsum(lengths)]))
 
 
 def _shortest_decimals(magnitude: np.ndarray):
@@ -181,21 +213,21 @@ def _is_midpoint(value: np.ndarray) -> np.ndarray:
 
 def _join(laid_out: np.ndarray, digits: np.ndarray, exponent: np.ndarray, negative: np.ndarray,
           other_texts: Dict[int, str]) -> NumberTexts:
-    """Python's ``repr`` of ``±digits·10^exponent`` (``digits`` without trailing zeros) where
-    ``laid_out`` (``0.0625``, ``1.5``, ``1500.0``, ``1.5e-05`` below 1e-4), the
+    """The texts of ``±digits·10^exponent`` (``digits`` without trailing zeros) in serde_json's
+    layout where ``laid_out`` (``0.0625``, ``1.5``, ``1500.0``, ``1.5e-7``, ``1e+13``), the
     ``other_texts`` elsewhere, joined."""
     if not laid_out.all():
         index = np.flatnonzero(laid_out)
         digits, exponent, negative = digits[index], exponent[index], negative[index]
     count = np.maximum(np.searchsorted(_INT_POWERS, digits, side="right"), 1)
-    point = count + exponent  # digits before the decimal point
-    scientific = point <= -4
+    leading = count - 1 + exponent  # the power of ten of the first digit
+    scientific = (leading < FIXED_EXPONENTS.start) | (leading >= FIXED_EXPONENTS.stop)
     # Scientific: one digit, then the others as the fraction, and an exponent.
     places = np.where(scientific, count - 1, np.maximum(-exponent, 0))
     scale = _INT_POWERS[places]
     whole = np.where(scientific, digits // scale, digits // scale * _INT_POWERS[np.maximum(exponent, 0)])
     fraction = digits % scale
-    fraction_kept = np.where(scientific, places, np.maximum(places, 1))  # 1500.0, but 1e-05
+    fraction_kept = np.where(scientific, places, np.maximum(places, 1))  # 1500.0, but 1e+13
     whole_digits = np.maximum(np.searchsorted(_INT_POWERS, whole, side="right"), 1)
 
     # A row of ASCII a value: sign, whole digits (right-aligned), point, fraction digits
@@ -210,12 +242,18 @@ def _join(laid_out: np.ndarray, digits: np.ndarray, exponent: np.ndarray, negati
     rows[:, 1 + whole_width] = np.where(fraction_kept > 0, ord("."), 0)
     _write_digits(rows[:, 2 + whole_width:2 + whole_width + fraction_width],
                   fraction * _INT_POWERS[fraction_width - places], fraction_kept, right_aligned=False)
+    exponent_length = 0
     if exponent_width:
-        exponents = (ord("e") | ord("-") << 8 | (48 + (1 - point) // 10) << 16 | (48 + (1 - point) % 10) << 24)
+        # "e-7", "e+13": the sign always, no leading zero.
+        size = np.abs(leading)
+        two = size >= 10
+        exponents = (ord("e") | np.where(leading < 0, ord("-"), ord("+")) << 8
+                     | np.where(two, 48 + size // 10, 48 + size) << 16 | np.where(two, 48 + size % 10, 0) << 24)
         rows[:, -5:-1] = np.where(scientific, exponents, 0).astype("<u4").view(np.uint8).reshape(-1, 4)
+        exponent_length = np.where(scientific, 3 + two, 0)
     rows[:, -1] = ord(",")
     lengths = np.zeros(laid_out.size, dtype=np.int64)
-    lengths[laid_out] = negative + whole_digits + (fraction_kept > 0) + fraction_kept + 4 * scientific + 1
+    lengths[laid_out] = negative + whole_digits + (fraction_kept > 0) + fraction_kept + exponent_length + 1
     if other_texts:
         longest = max(len(text) for text in other_texts.values()) + 1
         all_rows = np.zeros((laid_out.size, max(width, longest)), dtype=np.uint8)
@@ -240,3 +278,29 @@ def _write_digits(chars: np.ndarray, values: np.ndarray, kept: np.ndarray, right
         else:
             quad &= _FIRST[np.clip(kept - 4 * group, 0, 4)]
         chars[:, 4 * group:4 * group + 4] = quad.view(np.uint8).reshape(-1, 4)
+
+
+#: Probe values: every case of the layout (fixed with and without a fraction, below 1, both
+#: ends of the fixed range, exponents of one and two digits, both signs, subnormal, zeros).
+_PROBES = np.array([1.0, 0.1, 1e-5, 1.5e-5, 1e-6, 1.234e-6, 9.9999e-7, 1e-7, 5e-7, 4.8145106e-9, 123456789.0,
+                    1e12, 9.999999e12, 1e13, 1.2345e15, 1e16, 3.4028235e38, 1.4e-45, 1e-45, 1.17549435e-38,
+                    -0.0, 0.0, 100.0, -2.5, 0.3, 16777217.0, 7.038531e-26, 9.2233720e18], dtype=np.float32)
+
+
+def _usable_orjson() -> Any:
+    """orjson, when it is installed and writes float32 values as :func:`f32_text` does."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+    try:
+        texts = orjson.dumps(_PROBES, option=orjson.OPT_SERIALIZE_NUMPY).decode("ascii")
+        integers = orjson.dumps(np.array([0, -7, 10**15], dtype=np.int64), option=orjson.OPT_SERIALIZE_NUMPY)
+    except Exception:  # an orjson without numpy support
+        return None
+    if texts != "[" + ",".join(f32_text(v) for v in _PROBES) + "]" or integers != b"[0,-7,1000000000000000]":
+        return None
+    return orjson
+
+
+_orjson = _usable_orjson()

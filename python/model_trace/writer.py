@@ -15,7 +15,7 @@ import numpy as np
 from . import __version__
 from .attention import AttentionRows
 from .floats import NumberTexts, float_texts, integer_texts
-from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, tensor_summaries, tensor_summary
+from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, f32_text, tensor_summaries, tensor_summary
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -467,17 +467,22 @@ def _spans(texts: NumberTexts, starts: np.ndarray, stops: np.ndarray) -> List[st
 
 
 def _json(value: Any, texts: _Texts) -> str:
-    """``dumps(value)``, with each :class:`_Deferred` in it written from the number texts."""
-    if type(value) is int:  # not bool
+    """The JSON text of an event or a part of it, as the Rust writer writes it: each
+    :class:`_Deferred` written from the number texts, floats as float32
+    (:func:`model_trace.format.f32_text`), the rest as ``dumps`` writes it."""
+    kind = type(value)
+    if kind is int:
         return str(value)
-    if isinstance(value, str):
+    if kind is str:
         return encode_basestring_ascii(value)
+    if kind is float:
+        return f32_text(value)
     if value is None:
         return "null"
     if isinstance(value, _Deferred):
         return value.json(texts)
     if isinstance(value, dict):
-        return "{" + ",".join(f"{dumps(key)}:{_json(item, texts)}" for key, item in value.items()) + "}"
-    if isinstance(value, list) and any(isinstance(item, (dict, _Deferred)) for item in value):
+        return "{" + ",".join(f"{encode_basestring_ascii(key)}:{_json(item, texts)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
         return "[" + ",".join(_json(item, texts) for item in value) + "]"
     return dumps(value)

@@ -2,6 +2,7 @@
 the `safetensors` package and carry exactly the fingerprint, sketch and samples the trace
 recorded; the statistics agree with numpy's; DuckDB and polars read the file as it is."""
 
+import json
 import math
 import struct
 
@@ -10,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file
 
 import model_trace
-from model_trace.format import iter_stages, read_float
+import model_trace.floats
+from model_trace.format import f32_text, iter_stages, read_float
 
 from conftest import run_example
 
@@ -87,6 +89,24 @@ def test_statistics_agree_with_numpy(trace, request):
             worst = max(worst, error)
             assert error <= 2.5e-7, (place, key, ours[key], numpy_stats[key])
     print(f"worst relative difference of mean/std/l2 from numpy: {worst:.2e}")
+
+
+@pytest.mark.parametrize("trace", ["smollm_trace", "minilm_trace"])
+@pytest.mark.parametrize("formatter", ["orjson", "arithmetic"])
+def test_floats_are_written_as_the_rust_writer_writes_them(trace, formatter, request, monkeypatch):
+    """Every float of a Rust trace, written by the Python writer's formatter from its float32
+    value, is the same text, byte for byte."""
+    if formatter == "orjson" and model_trace.floats._orjson is None:
+        pytest.skip("orjson is not installed, or writes floats another way")
+    if formatter == "arithmetic":
+        monkeypatch.setattr(model_trace.floats, "_orjson", None)
+    texts = []
+    for line in request.getfixturevalue(trace).read_text().splitlines():
+        json.loads(line, parse_float=texts.append)
+    assert len(texts) > 1000
+    ours = model_trace.floats.float_texts(np.array([float(t) for t in texts], dtype=np.float32))
+    assert [ours[i] for i in range(len(ours))] == texts
+    assert [f32_text(float(t)) for t in texts[:2000]] == texts[:2000]
 
 
 def test_duckdb_and_polars_read_the_file_as_it_is(smollm_trace):
