@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -81,11 +81,36 @@ def attention_rows(probs: Any, top_k: int = 10, weight_threshold: float = 0.01) 
     return _analyse(np.asarray(probs, dtype=np.float32), top_k, weight_threshold, _NUMPY)
 
 
-def _analyse(w: Any, top_k: int, weight_threshold: float, xp: "_Numpy") -> AttentionRows:
-    """:func:`attention_rows` of float32 probabilities, with the array operations of ``xp``."""
+def attention_rows_of_many(arrays: Sequence[np.ndarray], top_k: int = 10, weight_threshold: float = 0.01) -> List[AttentionRows]:
+    """:func:`attention_rows` of several float32 arrays in host memory with the same number of
+    keys (their last dimension), analysed together: one pass of array operations over all
+    their rows (at a forward pass's sizes, an operation costs mostly what a call costs)."""
+    shapes = [_dimensions(a) for a in arrays]
+    if len(arrays) == 1:
+        return [_analyse(arrays[0], top_k, weight_threshold, _NUMPY)]
+    k_len = shapes[0][3]
+    if any(shape[3] != k_len for shape in shapes):
+        raise ValueError("model_trace: attention_rows_of_many needs arrays with the same number of keys")
+    whole = _analyse(np.concatenate([np.reshape(a, (-1, k_len)) for a in arrays]), top_k, weight_threshold, _NUMPY)
+    made, start = [], 0
+    for batch, heads, q_len, _ in shapes:
+        stop = start + batch * heads * q_len
+        made.append(AttentionRows(batch, heads, q_len, k_len, whole.positions[start:stop], whole.weights[start:stop],
+                                  whole.measures[start:stop]))
+        start = stop
+    return made
+
+
+def _dimensions(w: Any) -> Tuple[int, int, int, int]:
+    """``(batch, heads, q_len, k_len)`` of probabilities of 1 to 4 dimensions."""
     if w.ndim > 4 or w.ndim == 0:
         raise ValueError(f"model_trace: attention probabilities of shape {list(w.shape)}: expected 1 to 4 dimensions")
-    batch, heads, q_len, k_len = (1,) * (4 - w.ndim) + tuple(w.shape)
+    return (1,) * (4 - w.ndim) + tuple(w.shape)  # type: ignore[return-value]
+
+
+def _analyse(w: Any, top_k: int, weight_threshold: float, xp: "_Numpy") -> AttentionRows:
+    """:func:`attention_rows` of float32 probabilities, with the array operations of ``xp``."""
+    batch, heads, q_len, k_len = _dimensions(w)
     w = xp.contiguous(w.reshape(-1, k_len))
     width = min(top_k, k_len)
     finite = xp.isfinite(w)

@@ -99,6 +99,28 @@ def sign_patterns(n: int) -> np.ndarray:
     return patterns
 
 
+_block_patterns_cache: "OrderedDict[Tuple[int, int], np.ndarray]" = OrderedDict()
+
+
+def _block_patterns(n: int, rows: int) -> np.ndarray:
+    """For a block of ``rows`` rows of ``n`` values, flattened: the sign pattern of each value
+    plus 256 times its row, so that one ``bincount`` sums every row's patterns (the last few
+    blocks' kept: a model's tensors come in a few lengths)."""
+    key = (n, rows)
+    with _patterns_lock:
+        found = _block_patterns_cache.get(key)
+        if found is not None:
+            _block_patterns_cache.move_to_end(key)
+            return found
+    found = (sign_patterns(n)[None, :] + 256 * np.arange(rows)[:, None]).reshape(-1)
+    found.flags.writeable = False
+    with _patterns_lock:
+        _block_patterns_cache[key] = found
+        while len(_block_patterns_cache) > 4:
+            _block_patterns_cache.popitem(last=False)
+    return found
+
+
 def sketch_signs(n: int) -> np.ndarray:
     """``s_k(i)`` of the sketch's definition for ``k`` in ``0..8`` and ``i`` in ``0..n``, as a
     float64 array ``[8, n]`` of ±1."""
@@ -109,17 +131,18 @@ def sketch(values: Any) -> np.ndarray:
     """The 8-component sketch, bit for bit as the Rust runtime computes it: per component the
     sum, in float64 and in index order, of ``±x_i`` over the finite values, rounded to float32."""
     x = as_f32(values)
-    return _sketches(np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64)[None, :])[0]
+    finite = np.where(np.isfinite(x), x, np.float32(0)).astype(np.float64)[None, :]
+    return _sketches(finite, np.add.reduce(np.abs(finite), axis=1))[0]
 
 
 #: The unit roundoff of float64.
 _UNIT_ROUNDOFF = 2.0**-53
 
 
-def _sketches(values: np.ndarray) -> np.ndarray:
+def _sketches(values: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
     """The sketch of each row of ``values`` (float64 of float32 values, the non-finite
     replaced by 0), ``[rows, 8]``, without adding in index order where the order cannot change
-    the float32 result.
+    the float32 result; ``magnitude``: for each row, ``Σ|x_i|`` or more.
 
     Any order of adding ``n`` terms is within ``(n − 1)·u·Σ|t_i|`` of the exact sum (``u`` the
     unit roundoff, to first order, which the margin below covers; ``±x`` times ±1 is exact, so a
@@ -134,12 +157,15 @@ def _sketches(values: np.ndarray) -> np.ndarray:
     # The sum of each sign pattern's values, then ±1 times those: eight sums in one pass, and
     # no matrix product (BLAS would start threads that keep spinning after it returns and take a
     # core from the traced model's own threads).
-    by_pattern = np.stack([np.bincount(patterns, weights=row, minlength=256) for row in values])
+    if rows == 1:
+        by_pattern = np.bincount(patterns, weights=values[0], minlength=256)[None, :]
+    else:
+        by_pattern = np.bincount(_block_patterns(n, rows), weights=values.reshape(-1),
+                                 minlength=256 * rows).reshape(rows, 256)
     sums = np.einsum("rp,pk->rk", by_pattern, _PATTERN_SIGNS)
     rounded = sums.astype(np.float32)
     below = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(-np.inf)).astype(np.float64)) / 2
     above = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(np.inf)).astype(np.float64)) / 2
-    magnitude = np.add.reduce(np.abs(values, out=_scratch.array("work", values.shape, np.float64)), axis=1)
     # 1% more: room for the rounding of the bound's own sum and of the differences below.
     bound = (1.01 * _UNIT_ROUNDOFF * (2 * n - 1) * magnitude)[:, None]
     for row, component in zip(*np.nonzero(~((sums - below > bound) & (above - sums > bound)))):
@@ -150,11 +176,34 @@ def _sketches(values: np.ndarray) -> np.ndarray:
     return rounded
 
 
+#: The bits every NaN is fingerprinted and captured as: the quiet NaN with no payload, sign
+#: clear (any sign and payload of the model's NaN is lost).
+CANONICAL_NAN = 0x7FC00000
+
+
 def fingerprint(values: Any) -> str:
-    """BLAKE3 of the values as float32 little-endian bytes, as 64 hex digits."""
+    """BLAKE3 of the values as float32 little-endian bytes, as 64 hex digits, every NaN (any
+    sign, any payload, quiet or signalling) hashed as the bits ``0x7fc00000``."""
+    x = as_f32(values)
+    return _hash(canonical_nan(x) if x.size and np.isnan(np.min(x)) else x)
+
+
+def _hash(x: np.ndarray) -> str:
+    """BLAKE3 of a contiguous float32 array's little-endian bytes, as 64 hex digits."""
+    return _blake3(x.astype("<f4", copy=False).view(np.uint8)).hexdigest()
+
+
+def canonical_nan(values: np.ndarray) -> np.ndarray:
+    """A copy of a float32 array with every NaN replaced by the bits ``0x7fc00000``."""
+    bits = np.array(values, dtype=np.float32).view(np.uint32)
+    bits[np.isnan(values)] = CANONICAL_NAN
+    return bits.view(np.float32)
+
+
+def _blake3(data: Any) -> Any:
     import blake3
 
-    return blake3.blake3(as_f32(values).astype("<f4", copy=False).view(np.uint8)).hexdigest()
+    return blake3.blake3(data)
 
 
 #: Names of the floats of the statistics, in the order of :attr:`Summary.floats`.
@@ -165,23 +214,25 @@ def stat_numbers(values: Any) -> Tuple[int, int, np.ndarray]:
     """``nan_count``, ``inf_count`` and the float32 array of ``min``, ``max``, ``mean``,
     ``std`` and ``l2_norm`` (see :func:`stats`)."""
     x = as_f32(values)
-    nan_count, inf_count, floats, _ = _statistics(x[None, :])
+    nan_count, inf_count, floats, _, _ = _statistics(x[None, :])
     return int(nan_count[0]), int(inf_count[0]), floats[0]
 
 
-def _statistics(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _statistics(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The statistics of each row of a float32 array ``[rows, n]``: ``nan_count``,
-    ``inf_count``, the float32 ``[rows, 5]`` of :data:`STAT_FLOATS`, and the rows in float64 with
-    the non-finite values replaced by 0 (what the sketch adds)."""
+    ``inf_count``, the float32 ``[rows, 5]`` of :data:`STAT_FLOATS`, the rows in float64 with
+    the non-finite values replaced by 0 (what the sketch adds), and their L2 norms in float64."""
     rows, n = x.shape
     values = _scratch.array("values", x.shape, np.float64)
-    values[...] = x
+    with np.errstate(invalid="ignore"):  # a signalling NaN becomes a quiet one
+        values[...] = x
     nan_count = np.zeros(rows, dtype=np.int64)
     inf_count = np.zeros(rows, dtype=np.int64)
     floats = np.zeros((rows, len(STAT_FLOATS)), dtype=np.float32)
+    norms = np.zeros(rows)
     if n == 0:
-        return nan_count, inf_count, floats, values
-    low, high = values.min(axis=1), values.max(axis=1)  # NaN where a value is
+        return nan_count, inf_count, floats, values, norms
+    low, high = x.min(axis=1), x.max(axis=1)  # NaN where a value is
     finite_rows = np.isfinite(low) & np.isfinite(high)
     whole = np.flatnonzero(finite_rows)
     if whole.size:
@@ -192,7 +243,12 @@ def _statistics(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.n
         np.subtract(finite, mean[:, None], out=work)
         std = np.sqrt(np.add.reduce(np.multiply(work, work, out=work), axis=1) / n)
         norm = np.sqrt(np.add.reduce(np.multiply(finite, finite, out=work), axis=1))
-        floats[whole] = np.stack([low[whole], high[whole], mean, std, norm], axis=1)
+        if whole.size == rows:
+            for column, value in enumerate((low, high, mean, std, norm)):
+                floats[:, column] = value
+        else:
+            floats[whole] = np.stack([low[whole], high[whole], mean, std, norm], axis=1)
+        norms[whole] = norm
     for row in np.flatnonzero(~finite_rows):
         finite_mask = np.isfinite(x[row])
         nan_count[row] = np.isnan(x[row]).sum()
@@ -201,11 +257,11 @@ def _statistics(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.n
         if finite.size:
             mean = np.add.reduce(finite) / finite.size
             deviations = finite - mean
+            norms[row] = np.sqrt(np.add.reduce(finite * finite))
             floats[row] = [finite.min(), finite.max(), mean,
-                           np.sqrt(np.add.reduce(deviations * deviations) / finite.size),
-                           np.sqrt(np.add.reduce(finite * finite))]
+                           np.sqrt(np.add.reduce(deviations * deviations) / finite.size), norms[row]]
         values[row][~finite_mask] = 0.0
-    return nan_count, inf_count, floats, values
+    return nan_count, inf_count, floats, values, norms
 
 
 def stats(values: Any) -> Dict[str, Any]:
@@ -283,33 +339,49 @@ def tensor_summary(values: Any, shape: Optional[Sequence[int]] = None, dtype: st
     return tensor_summaries([array], [dtype], digest, [shape if shape is not None else array.shape])[0]
 
 
+#: Elements summarised in one block (of rows of one length): the block's float64 copies stay
+#: in the core's cache between the operations over them.
+BLOCK_ELEMENTS = 1 << 18
+
+
 def tensor_summaries(arrays: Sequence[Any], dtypes: Sequence[str], digest: bool = True,
                      shapes: Optional[Sequence[Sequence[int]]] = None) -> List[Summary]:
-    """The :class:`Summary` of each array, those of one length computed together: one pass of
-    array operations over all of them (at the sizes of a layer's activations, a summary's cost
-    is mostly numpy's cost a call)."""
+    """The :class:`Summary` of each array, those of one length computed together, in blocks
+    of about :data:`BLOCK_ELEMENTS`: one pass of array operations over each block (at the
+    sizes of a forward pass's tensors, a summary's cost is mostly numpy's cost a call)."""
     flat = [as_f32(a) for a in arrays]
     shapes = shapes if shapes is not None else [np.shape(a) for a in arrays]
     by_length: Dict[int, List[int]] = {}
     for index, x in enumerate(flat):
         by_length.setdefault(x.size, []).append(index)
-    made: Dict[int, Summary] = {}
+    made: List[Optional[Summary]] = [None] * len(flat)
     for n, members in by_length.items():
-        if len(members) == 1:
-            block = flat[members[0]][None, :]
-        else:
-            block = np.stack([flat[i] for i in members], out=_scratch.array("block", (len(members), n), np.float32))
-        nan_count, inf_count, floats, finite = _statistics(block)
-        samples = min(SAMPLE_LEN, n)
+        step = max(1, BLOCK_ELEMENTS // max(n, 1))
+        for first in range(0, len(members), step):
+            _summarise_block(flat, members[first:first + step], n, shapes, dtypes, digest, made)
+    return made  # type: ignore[return-value]
+
+
+def _summarise_block(flat: Sequence[np.ndarray], members: Sequence[int], n: int, shapes: Sequence[Sequence[int]],
+                     dtypes: Sequence[str], digest: bool, made: List[Optional[Summary]]) -> None:
+    """The summaries of the arrays ``flat[i]`` for ``i`` in ``members``, all of ``n`` elements."""
+    if len(members) == 1:
+        block = flat[members[0]][None, :]
+    else:
+        block = np.stack([flat[i] for i in members], out=_scratch.array("block", (len(members), n), np.float32))
+    nan_count, inf_count, floats, finite, norms = _statistics(block)
+    samples = min(SAMPLE_LEN, n)
+    if digest:
+        # Σ|x| <= √n·‖x‖: the sketch's bound on its summation error without another pass.
+        sketches = _sketches(finite, np.sqrt(n) * norms)
+        floats = np.concatenate([floats, sketches, block[:, :samples], block[:, n - samples:]], axis=1)
+    nans, infs = nan_count.tolist(), inf_count.tolist()
+    for row, index in enumerate(members):
+        summary = made[index] = Summary([int(d) for d in shapes[index]], dtypes[index], n, nans[row], infs[row],
+                                        floats[row])
         if digest:
-            floats = np.concatenate([floats, _sketches(finite), block[:, :samples], block[:, n - samples:]], axis=1)
-        for row, index in enumerate(members):
-            made[index] = Summary([int(d) for d in shapes[index]], dtypes[index], n, int(nan_count[row]),
-                                  int(inf_count[row]), floats[row])
-            if digest:
-                made[index].fingerprint = fingerprint(block[row])
-                made[index].samples = samples
-    return [made[index] for index in range(len(flat))]
+            summary.fingerprint = _hash(canonical_nan(block[row]) if nans[row] else block[row])
+            summary.samples = samples
 
 
 def summarize(values: Any, shape: Optional[Sequence[int]] = None, dtype: str = "f32", digest: bool = True) -> Dict[str, Any]:

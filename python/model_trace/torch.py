@@ -110,13 +110,29 @@ def _module_stage(path: str, which: str) -> str:
 
 
 def to_numpy(value: Any) -> Tuple[np.ndarray, str]:
-    """A tensor's values as float32 on the host, and its dtype's name."""
+    """A tensor's values as float32 on the host (a CPU float32 tensor's own memory), and its
+    dtype's name."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to(torch.float32).cpu().numpy(), dtype_name(value.dtype)
+        tensor = value.detach()
+        if tensor.dtype != torch.float32:
+            tensor = tensor.to(torch.float32)
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        return tensor.numpy(), _dtype_name(value.dtype)
     array = np.asarray(value)
     return array.astype(np.float32), dtype_name(array.dtype)
+
+
+_DTYPE_NAMES: Dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
 
 
 def first_tensor(value: Any) -> Any:
@@ -262,9 +278,12 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
                 probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
                 if probs is not None:
                     values, dtype = to_numpy(probs)
+                    # On a device, analysed there (then one copy of the results); in host memory,
+                    # by the writer, with the pass's other attention tensors.
+                    rows = attention_rows(probs) if probs.device.type != "cpu" else None
                     writer.attention(values, index, attention_sub, attention_path,
                                      wants("attention", attention_sub, attention_path, index), dtype=dtype,
-                                     rows=attention_rows(probs))
+                                     rows=rows)
 
             handles.append(module.register_forward_hook(on_attention))
     for stage, (sub, which) in architecture.stages.items():

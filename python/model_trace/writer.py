@@ -13,9 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import __version__
-from .attention import AttentionRows
+from .attention import AttentionRows, attention_rows_of_many
 from .floats import NumberTexts, float_texts, integer_texts
-from .format import FORMAT_NAME, SCHEMA_VERSION, Summary, as_f32, dumps, f32_text, tensor_summaries, tensor_summary
+from .format import (FORMAT_NAME, SAMPLE_LEN, SCHEMA_VERSION, SKETCH_DIM, STAT_FLOATS, Summary, as_f32, canonical_nan,
+                     dumps, f32_text, tensor_summaries, tensor_summary)
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -48,7 +49,8 @@ _UMASK = _current_umask()
 
 class CaptureWriter:
     """Saves full tensors as ``STEM.tensors-NNNN.safetensors`` beside the trace, one chunk at a
-    time, each written to a temporary name and renamed."""
+    time, each written to a temporary name and renamed; every NaN as the bits ``0x7fc00000``
+    (the fingerprint's)."""
 
     def __init__(self, trace_path: str, chunk_bytes: int = 64 << 20):
         self.directory = os.path.dirname(os.path.abspath(trace_path))
@@ -66,6 +68,8 @@ class CaptureWriter:
         # A copy: the values may be a view of a framework's tensor (torch's CPU tensors share
         # memory with .numpy()), which the model may change before the chunk is written.
         data = np.array(values, dtype=np.float32, order="C")
+        if data.size and np.isnan(np.min(data)):
+            data = canonical_nan(data)  # every NaN saved as 0x7fc00000, as it is fingerprinted
         if self.pending and self.pending_bytes + data.nbytes > self.chunk_bytes:
             self.flush()
         self.pending[name] = data
@@ -95,11 +99,17 @@ class TraceWriter:
     layer and its stages (``input`` and ``output`` included), ``attention`` and ``logits`` record
     those tensors. Sequence numbers and times follow the format. Events are written at the end
     of every pass and by :meth:`close` (and sooner when a pass holds more than
-    ``PENDING_FLOATS`` floats), the numbers of all of them turned into text at once.
+    ``PENDING_FLOATS`` numbers), the numbers of all of them turned into text at once. The
+    tensors are summarised when their events are written (or when the copies kept for that
+    pass ``PENDING_BYTES``), those of one length together, and the attention rows of the tensors
+    with the same number of keys analysed together: at the sizes of a forward pass's tensors,
+    array operations cost mostly what a call costs.
     """
 
-    #: Floats held back before the completed events are written even within a pass.
+    #: Numbers held back before the completed events are written even within a pass.
     PENDING_FLOATS = 1 << 20
+    #: Bytes of tensor copies held back before they are summarised even within a pass.
+    PENDING_BYTES = 32 << 20
 
     def __init__(
         self,
@@ -127,6 +137,10 @@ class TraceWriter:
         self.closed = False
         self._pending: List[Dict[str, Any]] = []
         self._numbers = _PendingNumbers()
+        self._tensors: List[_PendingTensor] = []
+        self._tensor_bytes = 0
+        self._rows: List[_DeferredRows] = []
+        self._pending_numbers = 0
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -149,15 +163,40 @@ class TraceWriter:
     def _queue(self, event: Dict[str, Any]) -> None:
         """An event to write with the next batch; its values may be :class:`_Deferred`."""
         self._pending.append(event)
-        if self._numbers.floats.count > self.PENDING_FLOATS:
+        if self._pending_numbers > self.PENDING_FLOATS:
             self._write_pending()
 
     def _write_pending(self) -> None:
         if not self._pending:
             return
+        self._summarise()
+        _analyse_rows(self._rows, self._numbers)
         texts = self._numbers.texts()
         self.file.write("".join(_json(event, texts) + "\n" for event in self._pending))
-        self._pending, self._numbers = [], _PendingNumbers()
+        self._pending, self._numbers, self._rows, self._pending_numbers = [], _PendingNumbers(), [], 0
+
+    def _summarise(self) -> None:
+        """Summarises the tensors kept for it, their floats added to the batch's numbers."""
+        tensors = self._tensors
+        if not tensors:
+            return
+        summaries = tensor_summaries([t.values for t in tensors], [t.dtype for t in tensors], self.digest,
+                                     [t.values.shape for t in tensors])
+        floats = self._numbers.floats
+        for tensor, summary in zip(tensors, summaries):
+            summary.capture = tensor.capture
+            tensor.summary, tensor.offset, tensor.values = summary, floats.add(summary.floats), None
+        self._tensors, self._tensor_bytes = [], 0
+
+    def _pending_tensor(self, array: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]) -> "_DeferredSummary":
+        """The summary, to be made with the batch, of ``array`` (the writer's own copy)."""
+        tensor = _PendingTensor(array, dtype, capture)
+        self._tensors.append(tensor)
+        self._tensor_bytes += array.nbytes
+        self._pending_numbers += 2 * SAMPLE_LEN + SKETCH_DIM + len(STAT_FLOATS)
+        if self._tensor_bytes > self.PENDING_BYTES:
+            self._summarise()
+        return _DeferredSummary(tensor)
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -184,8 +223,6 @@ class TraceWriter:
         layer_text = "none" if layer is None else str(layer)
         return self.capture.add(f"p{pass_text}.l{layer_text}.{what}.s{self.seq}", as_f32(array).reshape(array.shape))
 
-    def _deferred_summary(self, summary: Summary) -> "_Deferred":
-        return _DeferredSummary(summary, self._numbers.floats.add(summary.floats))
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -250,9 +287,8 @@ class TraceWriter:
         })
 
     def stage(self, name: str, values: Any, wants_capture: bool = False, dtype: Optional[str] = None) -> None:
-        """A stage (or ``input``/``output``) of the innermost open layer. Its summary is made when
-        the layer ends, with the layer's other stages (one pass of array operations over those of
-        one length), from a copy of the values taken now."""
+        """A stage (or ``input``/``output``) of the innermost open layer. Its summary is made with
+        the batch, from a copy of the values taken now."""
         if not self.layers:
             return
         frame = self.layers[-1]
@@ -260,8 +296,8 @@ class TraceWriter:
         array = np.asarray(values)
         dtype = dtype or dtype_name(array.dtype)
         array = np.array(array, dtype=np.float32)
-        stage = _PendingStage(array, dtype, self._capture(array, name, frame["layer"], wants_capture))
-        frame["stages"].append({"seq": seq, "name": name, "tensor": stage})
+        tensor = self._pending_tensor(array, dtype, self._capture(array, name, frame["layer"], wants_capture))
+        frame["stages"].append({"seq": seq, "name": name, "tensor": tensor})
 
     def stage_summary(self, name: str, summary: Dict[str, Any]) -> None:
         """A stage of the innermost open layer whose tensor summary is already made (a dict as
@@ -273,12 +309,6 @@ class TraceWriter:
         if not self.layers:
             return
         frame = self.layers.pop()
-        pending = [stage for stage in frame["stages"] if isinstance(stage["tensor"], _PendingStage)]
-        tensors = [stage["tensor"] for stage in pending]
-        summaries = tensor_summaries([t.values for t in tensors], [t.dtype for t in tensors], self.digest)
-        for stage, tensor, summary in zip(pending, tensors, summaries):
-            summary.capture = tensor.capture
-            stage["tensor"] = self._deferred_summary(summary)
         frame["duration_ns"] = self.now_ns() - frame["start_ns"]
         self._queue(frame)
 
@@ -292,15 +322,19 @@ class TraceWriter:
                   rows: Optional[AttentionRows] = None) -> None:
         """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely.
         ``rows``: the rows already analysed (:func:`model_trace.attention.attention_rows`, as
-        :mod:`model_trace.torch` does on the tensor's device); else they are analysed here,
-        which needs torch."""
-        array = np.asarray(probs, dtype=np.float32)
+        :mod:`model_trace.torch` does for a tensor on a device); else they are analysed with the
+        batch, from a copy of the values taken now."""
+        array = np.asarray(probs)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
         seq = self.next_seq()
-        summary = self.summary(array, "attention", layer, wants_capture, dtype)
+        summary = self._pending_tensor(array, dtype, self._capture(array, "attention", layer, wants_capture))
+        deferred = _DeferredRows(int(layer), rows if rows is not None else (array, top_k, weight_threshold))
         if rows is None:
-            from .attention import attention_rows
-
-            rows = attention_rows(array, top_k, weight_threshold)
+            self._rows.append(deferred)
+            self._pending_numbers += array.size // max(array.shape[-1], 1) * (2 * top_k + 3) if array.ndim else 0
+        else:
+            deferred.take_numbers(self._numbers)
         self._queue({
             "event": "attention",
             "seq": seq,
@@ -308,8 +342,8 @@ class TraceWriter:
             "layer": int(layer),
             "tracepoint": tracepoint,
             "function": function,
-            "probs": self._deferred_summary(summary),
-            "rows": _DeferredRows(rows, int(layer), self._numbers),
+            "probs": summary,
+            "rows": deferred,
         })
 
     def logits(self, logits: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
@@ -317,9 +351,11 @@ class TraceWriter:
         """Logits ``[vocab]``, ``[batch, vocab]`` or ``[batch, seq, vocab]``: the summary and the
         next-token row of each batch row."""
         self._ensure_pass()
-        array = np.asarray(logits, dtype=np.float32)
+        array = np.asarray(logits)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
         seq = self.next_seq()
-        summary = self.summary(array, "logits", layer, wants_capture, dtype)
+        summary = self._pending_tensor(array, dtype, self._capture(array, "logits", layer, wants_capture))
         if array.ndim == 1:
             array = array[None, None]
         elif array.ndim == 2:
@@ -337,7 +373,7 @@ class TraceWriter:
             "layer": int(layer),
             "tracepoint": tracepoint,
             "function": function,
-            "logits": self._deferred_summary(summary),
+            "logits": summary,
             "batch_rows": rows,
         })
 
@@ -366,11 +402,16 @@ def top_tokens(logits: np.ndarray, count: int) -> np.ndarray:
     return best[np.isfinite(logits[best])]
 
 
-class _PendingStage:
-    """A stage's values until its layer ends, with its element type and capture."""
+class _PendingTensor:
+    """A tensor's values (the writer's copy) until it is summarised, then its summary and where
+    its floats are among the batch's numbers."""
+
+    __slots__ = ("values", "dtype", "capture", "summary", "offset")
 
     def __init__(self, values: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]):
         self.values, self.dtype, self.capture = values, dtype, capture
+        self.summary: Optional[Summary] = None
+        self.offset = 0
 
 
 class _Batch:
@@ -417,11 +458,11 @@ class _Deferred:
 
 
 class _DeferredSummary(_Deferred):
-    def __init__(self, summary: Summary, offset: int):
-        self.summary, self.offset = summary, offset
+    def __init__(self, tensor: _PendingTensor):
+        self.tensor = tensor
 
     def json(self, texts: _Texts) -> str:
-        return self.summary.json(texts.floats, self.offset)
+        return self.tensor.summary.json(texts.floats, self.tensor.offset)  # type: ignore[union-attr]
 
 
 class _DeferredList(_Deferred):
@@ -435,9 +476,15 @@ class _DeferredList(_Deferred):
 class _DeferredRows(_Deferred):
     """The ``rows`` of an attention event, their numbers held in ``numbers``."""
 
-    def __init__(self, rows: AttentionRows, layer: int, numbers: _PendingNumbers):
-        kept = rows.positions >= 0
+    def __init__(self, layer: int, rows: Any):
+        #: The analysed rows, or (probabilities, top_k, weight threshold) until they are.
         self.rows, self.layer = rows, layer
+        self.positions = self.weights = self.measures = 0
+
+    def take_numbers(self, numbers: _PendingNumbers) -> None:
+        """Adds the analysed rows' numbers to the batch's."""
+        rows = self.rows
+        kept = rows.positions >= 0
         self.positions = numbers.integers.add(rows.positions[kept])
         self.weights = numbers.floats.add(rows.weights[kept])
         self.measures = numbers.floats.add(rows.measures.reshape(-1))
@@ -458,6 +505,20 @@ class _DeferredRows(_Deferred):
             f'"tail_mass":{tail},"entropy":{entropy},"sink_weight":{sink}}}'
             for head, kept, weight, tail, entropy, sink
             in zip(heads, positions, weights, measures[0::3], measures[1::3], measures[2::3])) + "]"
+
+
+def _analyse_rows(pending: List[_DeferredRows], numbers: _PendingNumbers) -> None:
+    """Analyses the attention rows of the tensors kept for it, those with the same number of keys
+    (and options) together, and adds their numbers to the batch's."""
+    groups: Dict[Any, List[_DeferredRows]] = {}
+    for deferred in pending:
+        probs, top_k, threshold = deferred.rows
+        groups.setdefault((probs.shape[-1] if probs.ndim else 0, top_k, threshold), []).append(deferred)
+    for (_, top_k, threshold), members in groups.items():
+        analysed = attention_rows_of_many([deferred.rows[0] for deferred in members], top_k, threshold)
+        for deferred, rows in zip(members, analysed):
+            deferred.rows = rows
+            deferred.take_numbers(numbers)
 
 
 def _spans(texts: NumberTexts, starts: np.ndarray, stops: np.ndarray) -> List[str]:

@@ -6,7 +6,7 @@ definition, numpy's np.cumsum."""
 import numpy as np
 
 import model_trace
-from model_trace.format import _sketches, element_hashes, sign_patterns, sketch_signs
+from model_trace.format import _sketches, element_hashes, sign_patterns, sketch_signs, tensor_summaries
 
 
 def in_order(values):
@@ -39,7 +39,24 @@ def test_a_sum_on_a_float32_midpoint_is_added_in_order():
     terms = signs * values.astype(np.float64)
     near_midpoint = [k for k in range(8) if signs[k, 0] == signs[k, 1] and np.float32(terms[k].sum()) != np.float32(np.cumsum(terms[k])[-1])]
     assert near_midpoint, "no component sums to the midpoint in another order"
-    assert bits(_sketches(values.astype(np.float64)[None, :])[0]) == bits(in_order(values))
+    finite = values.astype(np.float64)[None, :]
+    assert bits(_sketches(finite, np.abs(finite).sum(axis=1))[0]) == bits(in_order(values))
+    assert bits(model_trace.summarize(values)["sketch"]) == bits(in_order(values))
+
+
+def test_summaries_of_a_block_of_rows_round_as_added_in_order():
+    """tensor_summaries sketches the tensors of one length together, in blocks of rows, with a
+    bound on the summation error from the rows' L2 norms: held to the definition row by row, on
+    sums of every size and on rows with non-finite values."""
+    rng = np.random.default_rng(11)
+    for n in (3, 1000, 9216):
+        arrays = [(rng.standard_normal(n) * np.exp(rng.uniform(-20, 20, n))).astype(np.float32) for _ in range(40)]
+        arrays[3][: min(n, 2)] = np.nan
+        arrays[5][-1] = np.inf
+        arrays[7][:] = 0.0
+        for array, summary in zip(arrays, tensor_summaries(arrays, ["f32"] * len(arrays))):
+            # (+ 0.0: the definition adds from +0.0; np.cumsum starts from the first term)
+            assert bits(summary.floats[5:13]) == bits(in_order(array) + np.float32(0)), n
 
 
 def test_zeros_sum_to_positive_zero():
