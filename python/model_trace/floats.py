@@ -22,7 +22,7 @@ digits at a time from a table, and joined; :func:`integer_texts` lays out intege
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -58,9 +58,16 @@ class NumberTexts:
         #: :attr:`starts` the same as a list, faster to index one by one).
         self.start_array = starts
         self.starts: List[int] = starts.tolist()
+        self._ascii: Any = None
 
     def __len__(self) -> int:
         return len(self.starts) - 1
+
+    def ascii(self) -> np.ndarray:
+        """:attr:`joined` as an array of bytes."""
+        if self._ascii is None:
+            self._ascii = np.frombuffer(self.joined.encode("ascii"), dtype=np.uint8)
+        return self._ascii
 
     def __getitem__(self, index: int) -> str:
         return self.joined[self.starts[index]:self.starts[index + 1] - 1]
@@ -106,6 +113,47 @@ def integer_texts(values: Any) -> NumberTexts:
     lengths = (values < 0) + count + 1
     joined = rows.tobytes().translate(None, b"\0").decode("ascii")
     return NumberTexts(joined, np.concatenate([[0], np.cumsum(lengths)]))
+
+
+def join_rows(rows: int, segments: Sequence[Any]) -> Tuple[str, np.ndarray]:
+    """``rows`` texts made of the same segments, joined, and where each starts (``rows + 1``
+    offsets). A segment is a ``str`` (the same in every row), an array of non-negative integers
+    (one a row, written in decimal) or ``(source, starts, lengths)``: a piece of an ASCII array
+    of bytes for each row. Laid out as the floats are: a row of bytes a text, NUL where unused,
+    dropped when joined."""
+    widths = []
+    for segment in segments:
+        if isinstance(segment, str):
+            widths.append(len(segment))
+        elif isinstance(segment, tuple):
+            widths.append(int(segment[2].max(initial=0)))
+        else:
+            widths.append(4 * -(-int(np.searchsorted(_INT_POWERS, segment.max(initial=0), side="right")) // 4) or 4)
+    out = np.zeros((rows, sum(widths)), dtype=np.uint8)
+    lengths = np.zeros(rows, dtype=np.int64)
+    column = 0
+    for segment, width in zip(segments, widths):
+        part = out[:, column:column + width]
+        column += width
+        if isinstance(segment, str):
+            part[...] = np.frombuffer(segment.encode("ascii"), dtype=np.uint8)
+            lengths += width
+        elif isinstance(segment, tuple):
+            source, starts, counts = segment
+            if width:
+                places = np.arange(width)
+                chunk = source.take(starts[:, None] + places, mode="clip")
+                np.multiply(chunk, places < counts[:, None], out=chunk)
+                part[...] = chunk
+                lengths += counts
+        else:
+            if segment.size and segment.min() < 0:
+                raise ValueError("model_trace: join_rows writes non-negative integers")
+            count = np.maximum(np.searchsorted(_INT_POWERS, segment, side="right"), 1)
+            _write_digits(part, segment, count, right_aligned=True)
+            lengths += count
+    joined = out.tobytes().translate(None, b"\0").decode("ascii")
+    return joined, np.concatenate([[0], np.cumsum(lengths)])
 
 
 def _split(array_json: bytes) -> NumberTexts:

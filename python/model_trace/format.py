@@ -99,6 +99,41 @@ def sign_patterns(n: int) -> np.ndarray:
     return patterns
 
 
+_pattern_counts: Dict[int, int] = {}
+
+
+def _largest_pattern_count(n: int) -> int:
+    """How many of the elements ``0..n`` have the commonest sign pattern."""
+    count = _pattern_counts.get(n)
+    if count is None:
+        count = _pattern_counts[n] = int(np.bincount(sign_patterns(n), minlength=256).max())
+    return count
+
+
+#: Lengths up to which the signs of each component are kept in float64 (``[8, n]``).
+_SIGNS_KEPT_UP_TO = 1 << 16
+_signs_cache: "OrderedDict[int, np.ndarray]" = OrderedDict()
+
+
+def _component_signs(n: int, components: np.ndarray) -> np.ndarray:
+    """``s_k(i)`` for each ``k`` of ``components`` and ``i`` in ``0..n``, float64
+    ``[len(components), n]`` (those of the last few short lengths kept)."""
+    if n > _SIGNS_KEPT_UP_TO:
+        return _PATTERN_SIGNS[sign_patterns(n)[None, :], components[:, None]]
+    with _patterns_lock:
+        signs = _signs_cache.get(n)
+        if signs is not None:
+            _signs_cache.move_to_end(n)
+    if signs is None:
+        signs = np.ascontiguousarray(sketch_signs(n))
+        signs.flags.writeable = False
+        with _patterns_lock:
+            _signs_cache[n] = signs
+            while len(_signs_cache) > 8:
+                _signs_cache.popitem(last=False)
+    return signs[components]
+
+
 _block_patterns_cache: "OrderedDict[Tuple[int, int], np.ndarray]" = OrderedDict()
 
 
@@ -146,10 +181,12 @@ def _sketches(values: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
 
     Any order of adding ``n`` terms is within ``(n − 1)·u·Σ|t_i|`` of the exact sum (``u`` the
     unit roundoff, to first order, which the margin below covers; ``±x`` times ±1 is exact, so a
-    fused multiply-add rounds as an addition does), so the sum in index order and one in
-    another order are within ``(2n − 2)·u·Σ|t_i|`` of each other. Where no float32 rounding
-    boundary lies that close to the other order's sum, both round to the same float32; the
-    other components are added in order (``np.cumsum``; ``np.sum`` is pairwise)."""
+    fused multiply-add rounds as an addition does). Here each sign pattern's values are added
+    in order (``bincount``, at most ``m`` of them), then the 256 patterns' sums with their
+    signs: within ``(m − 1 + 255)·u·Σ|t_i|`` of the exact sum, so within
+    ``(n + m + 253)·u·Σ|t_i|`` of the sum in index order. Where no float32 rounding boundary
+    lies that close, both round to the same float32; the other components are added in order
+    (``np.cumsum``; ``np.sum`` is pairwise)."""
     rows, n = values.shape
     if n == 0:
         return np.zeros((rows, SKETCH_DIM), dtype=np.float32)
@@ -167,10 +204,14 @@ def _sketches(values: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
     below = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(-np.inf)).astype(np.float64)) / 2
     above = (rounded.astype(np.float64) + np.nextafter(rounded, np.float32(np.inf)).astype(np.float64)) / 2
     # 1% more: room for the rounding of the bound's own sum and of the differences below.
-    bound = (1.01 * _UNIT_ROUNDOFF * (2 * n - 1) * magnitude)[:, None]
-    for row, component in zip(*np.nonzero(~((sums - below > bound) & (above - sums > bound)))):
-        signs = _PATTERN_SIGNS[patterns, component]
-        rounded[row, component] = np.float32(np.cumsum(signs * values[row])[-1])
+    bound = (1.01 * _UNIT_ROUNDOFF * (n + _largest_pattern_count(n) + 256) * magnitude)[:, None]
+    in_doubt = np.nonzero(~((sums - below > bound) & (above - sums > bound)))
+    if in_doubt[0].size * n <= 1 << 20:
+        terms = np.multiply(_component_signs(n, in_doubt[1]), values[in_doubt[0]])
+        rounded[in_doubt] = np.cumsum(terms, axis=1)[:, -1].astype(np.float32)
+    else:
+        for row, component in zip(*in_doubt):
+            rounded[row, component] = np.float32(np.cumsum(_PATTERN_SIGNS[patterns, component] * values[row])[-1])
     # In order from +0.0, a sum of zeros is +0.0; in another order it may be -0.0.
     rounded[rounded == 0] = 0.0
     return rounded

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import __version__
 from .attention import AttentionRows, attention_rows_of_many
-from .floats import NumberTexts, float_texts, integer_texts
+from .floats import NumberTexts, float_texts, integer_texts, join_rows
 from .format import (FORMAT_NAME, SAMPLE_LEN, SCHEMA_VERSION, SKETCH_DIM, STAT_FLOATS, Summary, as_f32, canonical_nan,
                      dumps, f32_text, tensor_summaries, tensor_summary)
 
@@ -140,6 +140,7 @@ class TraceWriter:
         self._tensors: List[_PendingTensor] = []
         self._tensor_bytes = 0
         self._rows: List[_DeferredRows] = []
+        self._all_rows: List[_DeferredRows] = []
         self._pending_numbers = 0
         header = {
             "event": "header",
@@ -172,8 +173,9 @@ class TraceWriter:
         self._summarise()
         _analyse_rows(self._rows, self._numbers)
         texts = self._numbers.texts()
+        _render_rows(self._all_rows, texts)
         self.file.write("".join(_json(event, texts) + "\n" for event in self._pending))
-        self._pending, self._numbers, self._rows, self._pending_numbers = [], _PendingNumbers(), [], 0
+        self._pending, self._numbers, self._rows, self._all_rows, self._pending_numbers = [], _PendingNumbers(), [], [], 0
 
     def _summarise(self) -> None:
         """Summarises the tensors kept for it, their floats added to the batch's numbers."""
@@ -330,6 +332,7 @@ class TraceWriter:
         seq = self.next_seq()
         summary = self._pending_tensor(array, dtype, self._capture(array, "attention", layer, wants_capture))
         deferred = _DeferredRows(int(layer), rows if rows is not None else (array, top_k, weight_threshold))
+        self._all_rows.append(deferred)
         if rows is None:
             self._rows.append(deferred)
             self._pending_numbers += array.size // max(array.shape[-1], 1) * (2 * top_k + 3) if array.ndim else 0
@@ -480,6 +483,8 @@ class _DeferredRows(_Deferred):
         #: The analysed rows, or (probabilities, top_k, weight threshold) until they are.
         self.rows, self.layer = rows, layer
         self.positions = self.weights = self.measures = 0
+        #: The JSON text, when written with the batch's other rows (:func:`_render_rows`).
+        self.text: Optional[str] = None
 
     def take_numbers(self, numbers: _PendingNumbers) -> None:
         """Adds the analysed rows' numbers to the batch's."""
@@ -490,6 +495,8 @@ class _DeferredRows(_Deferred):
         self.measures = numbers.floats.add(rows.measures.reshape(-1))
 
     def json(self, texts: _Texts) -> str:
+        if self.text is not None:
+            return self.text
         rows = self.rows
         ends = np.cumsum(rows.kept)
         starts = ends - rows.kept
@@ -505,6 +512,53 @@ class _DeferredRows(_Deferred):
             f'"tail_mass":{tail},"entropy":{entropy},"sink_weight":{sink}}}'
             for head, kept, weight, tail, entropy, sink
             in zip(heads, positions, weights, measures[0::3], measures[1::3], measures[2::3])) + "]"
+
+
+def _render_rows(deferred: List[_DeferredRows], texts: _Texts) -> None:
+    """The JSON text of the rows of every attention event of a batch, at once (one
+    :func:`join_rows`), set as their :attr:`_DeferredRows.text`."""
+    for d in deferred:
+        if d.rows.positions.shape[0] == 0:
+            d.text = "[]"
+    deferred = [d for d in deferred if d.text is None]
+    if not deferred:
+        return
+    counts = [d.rows.positions.shape[0] for d in deferred]
+    total = sum(counts)
+    kept = np.concatenate([d.rows.kept for d in deferred])
+    ends = np.cumsum(kept)
+    event_first = np.cumsum([0] + counts[:-1])
+    first_kept = np.repeat(ends[event_first] - kept[event_first], counts)  # kept before each event
+    local_kept_end = ends - first_kept
+    local_kept_start = local_kept_end - kept
+    local = np.arange(total) - np.repeat(event_first, counts)
+
+    def per_row(values: List[int]) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=np.int64), counts)
+
+    heads, q_len = per_row([d.rows.heads for d in deferred]), per_row([d.rows.q_len for d in deferred])
+    k_len, layer = per_row([d.rows.k_len for d in deferred]), per_row([d.layer for d in deferred])
+    query = k_len - q_len + local % q_len
+    if layer.min() < 0 or query.min() < 0:
+        return  # written row by row (_DeferredRows.json)
+
+    def span(numbers: NumberTexts, first: np.ndarray, stop: np.ndarray) -> Any:
+        starts = numbers.start_array[first]
+        return numbers.ascii(), starts, np.maximum(numbers.start_array[stop] - 1 - starts, 0)
+
+    positions, weights = per_row([d.positions for d in deferred]), per_row([d.weights for d in deferred])
+    measures = per_row([d.measures for d in deferred]) + 3 * local
+    floats = texts.floats
+    joined, starts = join_rows(total, [
+        '{"layer_idx":', layer, ',"batch":', local // (heads * q_len), ',"head_idx":', local // q_len % heads,
+        ',"query_pos":', query, ',"num_keys":', k_len,
+        ',"top_k_positions":[', span(texts.integers, positions + local_kept_start, positions + local_kept_end),
+        '],"top_k_weights":[', span(floats, weights + local_kept_start, weights + local_kept_end),
+        '],"tail_mass":', span(floats, measures, measures + 1), ',"entropy":', span(floats, measures + 1, measures + 2),
+        ',"sink_weight":', span(floats, measures + 2, measures + 3), '},'])
+    bounds = starts[np.concatenate([event_first, [total]])].tolist()
+    for d, start, stop in zip(deferred, bounds, bounds[1:]):
+        d.text = f"[{joined[start:stop - 1]}]"
 
 
 def _analyse_rows(pending: List[_DeferredRows], numbers: _PendingNumbers) -> None:

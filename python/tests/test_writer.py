@@ -96,3 +96,34 @@ def test_summaries_made_elsewhere_are_written_as_given(tmp_path):
     layer = next(e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "layer")
     assert layer["stages"][0]["tensor"] == summary
     assert layer["stages"][1]["tensor"]["head"] == [1.5, -0.0]
+
+
+def test_attention_rows_of_a_batch_are_written_as_analysed_one_tensor_at_a_time(tmp_path):
+    """The writer analyses and writes the rows of a batch's attention tensors together (those
+    with one number of keys in one analysis, all of them in one layout): each event's rows are
+    what the analysis of its tensor alone gives."""
+    from model_trace.attention import attention_rows
+
+    rng = np.random.default_rng(8)
+    shapes = [(2, 3, 4, 4), (1, 2, 1, 7), (3, 5), (1, 1, 2, 4), (9,), (1, 2, 3, 4)]
+    tensors = []
+    for shape in shapes:
+        probs = rng.dirichlet(np.ones(shape[-1]) * 0.3, size=shape[:-1]).astype(np.float32).reshape(shape)
+        tensors.append(probs)
+    tensors[0][1, 2, 3] = 0.0  # a row that keeps nothing
+    path = tmp_path / "t.ndjson"
+    writer = TraceWriter(str(path))
+    writer.begin_pass(0)
+    for layer, probs in enumerate(tensors):
+        writer.attention(probs, layer, "attn", "attn", top_k=3 if layer == 4 else 10, weight_threshold=0.05)
+    writer.end_pass()
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert all(rust_dumps(json.loads(line)) == line for line in lines[1:])
+    events = [json.loads(line) for line in lines]
+    written = [e for e in events if e.get("event") == "attention"]
+    assert len(written) == len(tensors)
+    for layer, (probs, event) in enumerate(zip(tensors, written)):
+        expected = list(attention_rows(probs, 3 if layer == 4 else 10, 0.05).records(layer))
+        assert event["rows"] == json.loads(json.dumps(expected)), layer
+    assert written[0]["rows"][-1]["top_k_positions"] == [] and written[0]["rows"][-1]["top_k_weights"] == []
