@@ -174,7 +174,8 @@ class TraceWriter:
         _analyse_rows(self._rows, self._numbers)
         texts = self._numbers.texts()
         _render_rows(self._all_rows, texts)
-        self.file.write("".join(_json(event, texts) + "\n" for event in self._pending))
+        self.file.write("".join((_layer_json(event, texts) if event["event"] == "layer" else _json(event, texts)) + "\n"
+                                for event in self._pending))
         self._pending, self._numbers, self._rows, self._all_rows, self._pending_numbers = [], _PendingNumbers(), [], [], 0
 
     def _summarise(self) -> None:
@@ -579,6 +580,17 @@ def _spans(texts: NumberTexts, starts: np.ndarray, stops: np.ndarray) -> List[st
     """``texts.span(a, b)`` for each ``a`` of ``starts`` and ``b`` of ``stops``."""
     joined = texts.joined
     return [joined[a:b - 1] if b > a else "" for a, b in zip(texts.start_array[starts].tolist(), texts.start_array[stops].tolist())]
+
+
+def _layer_json(frame: Dict[str, Any], texts: _Texts) -> str:
+    """:func:`_json` of a layer event (keys as :meth:`TraceWriter.begin_layer` puts them), from
+    one template: a pass has many of them."""
+    stages = ",".join(f'{{"seq":{stage["seq"]},"name":{encode_basestring_ascii(stage["name"])},'
+                      f'"tensor":{_json(stage["tensor"], texts)}}}' for stage in frame["stages"])
+    return (f'{{"event":"layer","seq":{frame["seq"]},"pass":{_json(frame["pass"], texts)},"layer":{frame["layer"]},'
+            f'"tracepoint":{encode_basestring_ascii(frame["tracepoint"])},'
+            f'"function":{encode_basestring_ascii(frame["function"])},"start_ns":{frame["start_ns"]},'
+            f'"duration_ns":{frame["duration_ns"]},"stages":[{stages}]}}')
 
 
 def _json(value: Any, texts: _Texts) -> str:
