@@ -22,7 +22,7 @@ digits at a time from a table, and joined; :func:`integer_texts` lays out intege
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,11 +57,18 @@ class NumberTexts:
         #: Where each number's text starts in ``joined``, and one past the last comma (an array;
         #: :attr:`starts` the same as a list, faster to index one by one).
         self.start_array = starts
-        self.starts: List[int] = starts.tolist()
+        self._starts: Optional[List[int]] = None
         self._ascii: Any = None
 
+    @property
+    def starts(self) -> List[int]:
+        """:attr:`start_array` as a list (made when first asked for)."""
+        if self._starts is None:
+            self._starts = self.start_array.tolist()
+        return self._starts
+
     def __len__(self) -> int:
-        return len(self.starts) - 1
+        return len(self.start_array) - 1
 
     def ascii(self) -> np.ndarray:
         """:attr:`joined` as an array of bytes."""

@@ -356,18 +356,25 @@ class Summary:
     def json(self, texts: NumberTexts, offset: int) -> str:
         """The summary's JSON text as the Rust writer writes :meth:`as_dict`, from the JSON texts
         of :attr:`floats`, at ``offset`` in ``texts``."""
-        low, high, mean, std, norm = (texts[offset + i] for i in range(len(STAT_FLOATS)))
+        count = len(STAT_FLOATS) + (SKETCH_DIM + 2 * self.samples if self.fingerprint is not None else 0)
+        starts = texts.start_array[offset:offset + count + 1].tolist()
+        joined = texts.joined
+
+        def span(first: int, stop: int) -> str:
+            return joined[starts[first]:starts[stop] - 1] if stop > first else ""
+
+        low, high, mean, std, norm = (span(i, i + 1) for i in range(len(STAT_FLOATS)))
         text = (f'{{"shape":[{",".join(map(str, self.shape))}],"dtype":{encode_basestring_ascii(self.dtype)},'
                 f'"stats":{{"count":{self.count},'
                 f'"min":{low},"max":{high},"mean":{mean},"std":{std},"l2_norm":{norm},'
                 f'"nan_count":{self.nan_count},"inf_count":{self.inf_count}}}')
         if self.fingerprint is not None:
-            sketch = offset + len(STAT_FLOATS)
+            sketch = len(STAT_FLOATS)
             head = sketch + SKETCH_DIM
             tail = head + self.samples
-            text += f',"fingerprint":"{self.fingerprint}","sketch":[{texts.span(sketch, head)}]'
+            text += f',"fingerprint":"{self.fingerprint}","sketch":[{span(sketch, head)}]'
             if self.samples:
-                text += f',"head":[{texts.span(head, tail)}],"tail":[{texts.span(tail, tail + self.samples)}]'
+                text += f',"head":[{span(head, tail)}],"tail":[{span(tail, tail + self.samples)}]'
         if self.capture is not None:
             text += f',"capture":{dumps(self.capture)}'
         return text + "}"
