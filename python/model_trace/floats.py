@@ -5,8 +5,8 @@ each value in Python: a trace holds tens of thousands of floats a forward pass, 
 shortest-digit formatter costs microseconds a value.
 
 With ``orjson`` installed (``pip install model-trace[fast]``), its float32 formatter writes
-them: serde_json's own (``zmij``), in Rust, about 25 ns a value. It is used only when it writes
-a set of probe values covering every case of the layout as :func:`f32_text` does.
+them (compiled, about 25 ns a value, serde_json's layout). It is used only when it writes a set
+of probe values covering every case of the layout as :func:`f32_text` does.
 
 Without it, the digits come from arithmetic on whole arrays. For a float32 ``x`` and a number
 of significant digits ``p``, the two ``p``-digit decimals around ``x`` are ``n·10^k`` and
@@ -109,8 +109,8 @@ def integer_texts(values: Any) -> NumberTexts:
     magnitude = np.abs(values)
     if magnitude.size and magnitude.max() >= _INT_POWERS[16]:
         raise ValueError("model_trace: integers of 10**16 and beyond are not written here")
-    if _orjson is not None:
-        return _split(_orjson.dumps(values, option=_orjson.OPT_SERIALIZE_NUMPY)) if values.size else NumberTexts("", np.zeros(1, dtype=np.int64))
+    if _orjson is not None and values.size:
+        return _split(_orjson.dumps(values, option=_orjson.OPT_SERIALIZE_NUMPY))
     count = np.maximum(np.searchsorted(_INT_POWERS, magnitude, side="right"), 1)
     width = 4 * -(-int(count.max(initial=1)) // 4)
     rows = np.zeros((values.size, width + 2), dtype=np.uint8)
