@@ -141,9 +141,8 @@ def convert(summary_path: str, out_path: str) -> int:
         if output is not None:
             stages = stages + [("output", output)]
         writer.begin_layer(index, "layer", f"layer.{index}")
-        frame = writer.layers[-1]
         for name, tensor in stages:
-            frame["stages"].append({"seq": writer.next_seq(), "name": name, "tensor": tensor})
+            writer.stage_summary(name, tensor)
             written += 1
         writer.end_layer()
     writer.close()

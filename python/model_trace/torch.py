@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .attention import attention_rows
 from .filter import CaptureFilter, Tracepoint
 from .writer import TraceWriter, dtype_name
 
@@ -74,9 +75,10 @@ BERT = Architecture(
 KNOWN = {"llama": LLAMA, "bert": BERT}
 
 
-def detect(model: Any) -> Architecture:
-    """The architecture of a transformers model, from the class of its blocks."""
-    classes = {type(module).__name__ for _, module in model.named_modules()}
+def detect(model: Any, modules: Optional[Dict[str, Any]] = None) -> Architecture:
+    """The architecture of a transformers model, from the class of its blocks (``modules``:
+    ``dict(model.named_modules())`` when the caller has it)."""
+    classes = {type(module).__name__ for module in (modules.values() if modules is not None else model.modules())}
     for architecture in KNOWN.values():
         if architecture.layer_class in classes:
             return architecture
@@ -109,13 +111,29 @@ def _module_stage(path: str, which: str) -> str:
 
 
 def to_numpy(value: Any) -> Tuple[np.ndarray, str]:
-    """A tensor's values as float32 on the host, and its dtype's name."""
+    """A tensor's values as float32 on the host (a CPU float32 tensor's own memory), and its
+    dtype's name."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to(torch.float32).cpu().numpy(), dtype_name(value.dtype)
+        tensor = value.detach()
+        if tensor.dtype != torch.float32:
+            tensor = tensor.to(torch.float32)
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        return tensor.numpy(), _dtype_name(value.dtype)
     array = np.asarray(value)
     return array.astype(np.float32), dtype_name(array.dtype)
+
+
+_DTYPE_NAMES: Dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
 
 
 def first_tensor(value: Any) -> Any:
@@ -156,14 +174,17 @@ def trace(
     ``attn_implementation="eager"``; with another implementation the model returns none and none
     is recorded.
     """
-    architecture = architecture or detect(model)
+    # One walk of the module tree: it costs as much as a small model's forward pass.
+    modules = dict(model.named_modules())
+    architecture = architecture or detect(model, modules)
     if names == "modules":
         architecture = module_names(architecture)
     elif names != "stages":
         raise ValueError(f"names must be 'stages' or 'modules', not {names!r}")
     captures = CaptureFilter(capture)
-    layers = [(int(m.group(1)), name, module) for name, module in model.named_modules()
-              if (m := re.match(architecture.layers, name))
+    pattern = re.compile(architecture.layers)
+    layers = [(int(m.group(1)), name, module) for name, module in modules.items()
+              if (m := pattern.match(name))
               and (architecture.layer_class is None or type(module).__name__ == architecture.layer_class)]
     if not layers:
         raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers!r}")
@@ -187,6 +208,8 @@ def trace(
     handles: List[Any] = []
 
     def wants(kind: str, name: str, function: str, layer: Optional[int]) -> bool:
+        if not capture:
+            return False
         tracepoint = Tracepoint(kind, name, function=function, module=type(model).__name__)
         return captures.captures(tracepoint, writer.pass_index, layer)
 
@@ -200,9 +223,9 @@ def trace(
     handles.append(model.register_forward_hook(top_post))
     layer_name = type(layers[0][2]).__name__
     for index, path_, block in layers:
-        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention)
+        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention, modules)
     if record_logits and architecture.logits:
-        head = dict(model.named_modules()).get(architecture.logits)
+        head = modules.get(architecture.logits)
         if head is not None:
             def on_logits(_module: Any, _args: Any, output: Any) -> None:
                 values, dtype = to_numpy(first_tensor(output))
@@ -232,9 +255,10 @@ def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
 
 
 def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_name: str,
-                architecture: Architecture, wants: Any, record_attention: bool) -> List[Any]:
+                architecture: Architecture, wants: Any, record_attention: bool,
+                all_modules: Dict[str, Any]) -> List[Any]:
     handles = []
-    modules = dict(block.named_modules())
+    modules = _Submodules(block, path, all_modules)
 
     def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         writer.begin_layer(index, layer_name, path)
@@ -261,8 +285,12 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
                 probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
                 if probs is not None:
                     values, dtype = to_numpy(probs)
+                    # On a device, analysed there (then one copy of the results); in host memory,
+                    # by the writer, with the pass's other attention tensors.
+                    rows = attention_rows(probs) if probs.device.type != "cpu" else None
                     writer.attention(values, index, attention_sub, attention_path,
-                                     wants("attention", attention_sub, attention_path, index), dtype=dtype)
+                                     wants("attention", attention_sub, attention_path, index), dtype=dtype,
+                                     rows=rows)
 
             handles.append(module.register_forward_hook(on_attention))
     for stage, (sub, which) in architecture.stages.items():
@@ -272,6 +300,23 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
         handles.append(_stage_hook(writer, module, stage, which, index, f"{path}.{sub}", wants))
     handles.append(block.register_forward_hook(post))
     return handles
+
+
+class _Submodules:
+    """A block's submodules by their path in it, looked up among the model's (a module shared
+    with an earlier place is listed there only once: then among the block's own)."""
+
+    def __init__(self, block: Any, path: str, all_modules: Dict[str, Any]):
+        self.block, self.path, self.all_modules = block, path, all_modules
+        self.own: Optional[Dict[str, Any]] = None
+
+    def get(self, relative: str) -> Any:
+        found = self.all_modules.get(f"{self.path}.{relative}" if relative else self.path)
+        if found is None:
+            if self.own is None:
+                self.own = dict(self.block.named_modules())
+            found = self.own.get(relative)
+        return found
 
 
 def _stage_hook(writer: TraceWriter, module: Any, stage: str, which: str, index: int, path: str,

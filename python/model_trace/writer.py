@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+from json.encoder import encode_basestring_ascii
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import __version__
-from .format import FORMAT_NAME, SCHEMA_VERSION, as_f32, dumps, f32, summarize
+from .attention import AttentionRows, attention_rows_of_many
+from .floats import NumberTexts, float_texts, integer_texts, join_rows
+from .format import (FORMAT_NAME, SAMPLE_LEN, SCHEMA_VERSION, SKETCH_DIM, STAT_FLOATS, Summary, as_f32, canonical_nan,
+                     dumps, f32_text, tensor_summaries, tensor_summary)
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -45,7 +49,8 @@ _UMASK = _current_umask()
 
 class CaptureWriter:
     """Saves full tensors as ``STEM.tensors-NNNN.safetensors`` beside the trace, one chunk at a
-    time, each written to a temporary name and renamed."""
+    time, each written to a temporary name and renamed; every NaN as the bits ``0x7fc00000``
+    (the fingerprint's)."""
 
     def __init__(self, trace_path: str, chunk_bytes: int = 64 << 20):
         self.directory = os.path.dirname(os.path.abspath(trace_path))
@@ -60,7 +65,11 @@ class CaptureWriter:
         return f"{self.stem}.tensors-{self.chunk:04d}.safetensors"
 
     def add(self, name: str, values: np.ndarray) -> Dict[str, str]:
-        data = np.ascontiguousarray(values, dtype=np.float32)
+        # A copy: the values may be a view of a framework's tensor (torch's CPU tensors share
+        # memory with .numpy()), which the model may change before the chunk is written.
+        data = np.array(values, dtype=np.float32, order="C")
+        if data.size and np.isnan(np.min(data)):
+            data = canonical_nan(data)  # every NaN saved as 0x7fc00000, as it is fingerprinted
         if self.pending and self.pending_bytes + data.nbytes > self.chunk_bytes:
             self.flush()
         self.pending[name] = data
@@ -88,9 +97,19 @@ class TraceWriter:
 
     ``begin_pass``/``end_pass`` bracket a forward pass, ``begin_layer``/``stage``/``end_layer`` a
     layer and its stages (``input`` and ``output`` included), ``attention`` and ``logits`` record
-    those tensors. Sequence numbers and times follow the format; the file is flushed at the end
-    of every pass and closed by :meth:`close`.
+    those tensors. Sequence numbers and times follow the format. Events are written at the end
+    of every pass and by :meth:`close` (and sooner when a pass holds more than
+    ``PENDING_FLOATS`` numbers), the numbers of all of them turned into text at once. The
+    tensors are summarised when their events are written (or when the copies kept for that
+    pass ``PENDING_BYTES``), those of one length together, and the attention rows of the tensors
+    with the same number of keys analysed together: at the sizes of a forward pass's tensors,
+    array operations cost mostly what a call costs.
     """
+
+    #: Numbers held back before the completed events are written even within a pass.
+    PENDING_FLOATS = 1 << 20
+    #: Bytes of tensor copies held back before they are summarised even within a pass.
+    PENDING_BYTES = 32 << 20
 
     def __init__(
         self,
@@ -116,6 +135,13 @@ class TraceWriter:
         self.pass_layers = 0
         self.layers: List[Dict[str, Any]] = []
         self.closed = False
+        self._pending: List[Dict[str, Any]] = []
+        self._numbers = _PendingNumbers()
+        self._tensors: List[_PendingTensor] = []
+        self._tensor_bytes = 0
+        self._rows: List[_DeferredRows] = []
+        self._all_rows: List[_DeferredRows] = []
+        self._pending_numbers = 0
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -131,13 +157,49 @@ class TraceWriter:
             "tracepoints": list(tracepoints),
             "metadata": metadata or {},
         }
-        self._write(header)
+        self.file.write(dumps(header) + "\n")
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _write(self, obj: Dict[str, Any]) -> None:
-        self.file.write(dumps(obj))
-        self.file.write("\n")
+    def _queue(self, event: Dict[str, Any]) -> None:
+        """An event to write with the next batch; its values may be :class:`_Deferred`."""
+        self._pending.append(event)
+        if self._pending_numbers > self.PENDING_FLOATS:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if not self._pending:
+            return
+        self._summarise()
+        _analyse_rows(self._rows, self._numbers)
+        texts = self._numbers.texts()
+        _render_rows(self._all_rows, texts)
+        self.file.write("".join((_layer_json(event, texts) if event["event"] == "layer" else _json(event, texts)) + "\n"
+                                for event in self._pending))
+        self._pending, self._numbers, self._rows, self._all_rows, self._pending_numbers = [], _PendingNumbers(), [], [], 0
+
+    def _summarise(self) -> None:
+        """Summarises the tensors kept for it, their floats added to the batch's numbers."""
+        tensors = self._tensors
+        if not tensors:
+            return
+        summaries = tensor_summaries([t.values for t in tensors], [t.dtype for t in tensors], self.digest,
+                                     [t.values.shape for t in tensors])
+        floats = self._numbers.floats
+        for tensor, summary in zip(tensors, summaries):
+            summary.capture = tensor.capture
+            tensor.summary, tensor.offset, tensor.values = summary, floats.add(summary.floats), None
+        self._tensors, self._tensor_bytes = [], 0
+
+    def _pending_tensor(self, array: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]) -> "_DeferredSummary":
+        """The summary, to be made with the batch, of ``array`` (the writer's own copy)."""
+        tensor = _PendingTensor(array, dtype, capture)
+        self._tensors.append(tensor)
+        self._tensor_bytes += array.nbytes
+        self._pending_numbers += 2 * SAMPLE_LEN + SKETCH_DIM + len(STAT_FLOATS)
+        if self._tensor_bytes > self.PENDING_BYTES:
+            self._summarise()
+        return _DeferredSummary(tensor)
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -148,18 +210,22 @@ class TraceWriter:
         return time.monotonic_ns() - self.epoch
 
     def summary(self, values: Any, what: str, layer: Optional[int], wants_capture: bool = False,
-                dtype: Optional[str] = None) -> Dict[str, Any]:
+                dtype: Optional[str] = None) -> Summary:
         """The tensor summary of ``values`` (anything numpy reads); ``dtype`` names the
         framework's element type when the values were converted."""
         array = np.asarray(values)
-        dtype = dtype or dtype_name(array.dtype)
-        summary = summarize(as_f32(array), shape=array.shape, dtype=dtype, digest=self.digest)
-        if self.capture is not None and wants_capture:
-            pass_text = "none" if self.pass_index is None else str(self.pass_index)
-            layer_text = "none" if layer is None else str(layer)
-            name = f"p{pass_text}.l{layer_text}.{what}.s{self.seq}"
-            summary["capture"] = self.capture.add(name, as_f32(array).reshape(array.shape))
+        summary = tensor_summary(array, dtype=dtype or dtype_name(array.dtype), digest=self.digest)
+        summary.capture = self._capture(array, what, layer, wants_capture)
         return summary
+
+    def _capture(self, array: np.ndarray, what: str, layer: Optional[int], wants: bool) -> Optional[Dict[str, str]]:
+        """Saves ``array`` in full when captures are on and ``wants``; where it went."""
+        if self.capture is None or not wants:
+            return None
+        pass_text = "none" if self.pass_index is None else str(self.pass_index)
+        layer_text = "none" if layer is None else str(layer)
+        return self.capture.add(f"p{pass_text}.l{layer_text}.{what}.s{self.seq}", as_f32(array).reshape(array.shape))
+
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -171,7 +237,7 @@ class TraceWriter:
         self.pass_position = self.pass_index if position is None else int(position)
         self.pass_start = self.now_ns()
         self.pass_layers = 0
-        self._write({
+        self._queue({
             "event": "pass_begin",
             "seq": self.next_seq(),
             "pass": self.pass_index,
@@ -187,7 +253,7 @@ class TraceWriter:
             return
         while self.layers:
             self.end_layer()
-        self._write({
+        self._queue({
             "event": "pass_end",
             "seq": self.next_seq(),
             "pass": self.pass_index,
@@ -198,6 +264,7 @@ class TraceWriter:
             "logit_evolution": [],
         })
         self.pass_index = None
+        self._write_pending()
         self.file.flush()
 
     def _ensure_pass(self) -> int:
@@ -223,20 +290,30 @@ class TraceWriter:
         })
 
     def stage(self, name: str, values: Any, wants_capture: bool = False, dtype: Optional[str] = None) -> None:
-        """A stage (or ``input``/``output``) of the innermost open layer."""
+        """A stage (or ``input``/``output``) of the innermost open layer. Its summary is made with
+        the batch, from a copy of the values taken now."""
         if not self.layers:
             return
         frame = self.layers[-1]
         seq = self.next_seq()
-        summary = self.summary(values, name, frame["layer"], wants_capture, dtype)
-        frame["stages"].append({"seq": seq, "name": name, "tensor": summary})
+        array = np.asarray(values)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
+        tensor = self._pending_tensor(array, dtype, self._capture(array, name, frame["layer"], wants_capture))
+        frame["stages"].append({"seq": seq, "name": name, "tensor": tensor})
+
+    def stage_summary(self, name: str, summary: Dict[str, Any]) -> None:
+        """A stage of the innermost open layer whose tensor summary is already made (a dict as
+        the trace holds it: :func:`model_trace.format.summarize`, or converted statistics)."""
+        if self.layers:
+            self.layers[-1]["stages"].append({"seq": self.next_seq(), "name": name, "tensor": summary})
 
     def end_layer(self) -> None:
         if not self.layers:
             return
         frame = self.layers.pop()
         frame["duration_ns"] = self.now_ns() - frame["start_ns"]
-        self._write(frame)
+        self._queue(frame)
 
     def current_layer(self) -> Optional[int]:
         return self.layers[-1]["layer"] if self.layers else None
@@ -244,20 +321,25 @@ class TraceWriter:
     # -- records -------------------------------------------------------------------------------
 
     def attention(self, probs: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
-                  top_k: int = 10, weight_threshold: float = 0.01, dtype: Optional[str] = None) -> None:
-        """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely."""
-        array = np.asarray(probs, dtype=np.float32)
+                  top_k: int = 10, weight_threshold: float = 0.01, dtype: Optional[str] = None,
+                  rows: Optional[AttentionRows] = None) -> None:
+        """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely.
+        ``rows``: the rows already analysed (:func:`model_trace.attention.attention_rows`, as
+        :mod:`model_trace.torch` does for a tensor on a device); else they are analysed with the
+        batch, from a copy of the values taken now."""
+        array = np.asarray(probs)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
         seq = self.next_seq()
-        summary = self.summary(array, "attention", layer, wants_capture, dtype)
-        while array.ndim < 4:
-            array = array[None]
-        batch, heads, q_len, k_len = array.shape
-        rows = []
-        for b in range(batch):
-            for h in range(heads):
-                for r in range(q_len):
-                    rows.append(attention_row(array[b, h, r], int(layer), b, h, k_len - q_len + r, top_k, weight_threshold))
-        self._write({
+        summary = self._pending_tensor(array, dtype, self._capture(array, "attention", layer, wants_capture))
+        deferred = _DeferredRows(int(layer), rows if rows is not None else (array, top_k, weight_threshold))
+        self._all_rows.append(deferred)
+        if rows is None:
+            self._rows.append(deferred)
+            self._pending_numbers += array.size // max(array.shape[-1], 1) * (2 * top_k + 3) if array.ndim else 0
+        else:
+            deferred.take_numbers(self._numbers)
+        self._queue({
             "event": "attention",
             "seq": seq,
             "pass": self.pass_index,
@@ -265,7 +347,7 @@ class TraceWriter:
             "tracepoint": tracepoint,
             "function": function,
             "probs": summary,
-            "rows": rows,
+            "rows": deferred,
         })
 
     def logits(self, logits: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
@@ -273,9 +355,11 @@ class TraceWriter:
         """Logits ``[vocab]``, ``[batch, vocab]`` or ``[batch, seq, vocab]``: the summary and the
         next-token row of each batch row."""
         self._ensure_pass()
-        array = np.asarray(logits, dtype=np.float32)
+        array = np.asarray(logits)
+        dtype = dtype or dtype_name(array.dtype)
+        array = np.array(array, dtype=np.float32)
         seq = self.next_seq()
-        summary = self.summary(array, "logits", layer, wants_capture, dtype)
+        summary = self._pending_tensor(array, dtype, self._capture(array, "logits", layer, wants_capture))
         if array.ndim == 1:
             array = array[None, None]
         elif array.ndim == 2:
@@ -283,11 +367,10 @@ class TraceWriter:
         rows = []
         for b in range(array.shape[0]):
             row = array[b, -1]
-            finite = np.where(np.isfinite(row), row, -np.inf)
-            order = np.argsort(-finite, kind="stable")[:top_k]
-            order = [int(i) for i in order if np.isfinite(row[i])]
-            rows.append({"batch": b, "top_tokens": order, "top_logits": [f32(row[i]) for i in order]})
-        self._write({
+            best = top_tokens(row, top_k)
+            rows.append({"batch": b, "top_tokens": best.tolist(),
+                         "top_logits": _DeferredList(self._numbers.floats.add(row[best]), best.size)})
+        self._queue({
             "event": "logits",
             "seq": seq,
             "pass": self.pass_index,
@@ -304,37 +387,229 @@ class TraceWriter:
         self.end_pass()
         if self.capture is not None:
             self.capture.flush()
-        self._write({"event": "session_end", "seq": self.next_seq(), "end_ns": self.now_ns(),
+        self._queue({"event": "session_end", "seq": self.next_seq(), "end_ns": self.now_ns(),
                      "passes": self.passes, "errors": [], "errors_not_kept": 0})
+        self._write_pending()
         self.file.close()
         self.closed = True
 
 
-def attention_row(weights: np.ndarray, layer: int, batch: int, head: int, query: int, top_k: int,
-                  weight_threshold: float) -> Dict[str, Any]:
-    """One row as the Rust runtime records it: the ``top_k`` heaviest positive finite weights of
-    at least ``weight_threshold`` (heaviest first, lower position on ties), the tail mass, the
-    entropy in nats and the weight on position 0."""
-    w = np.asarray(weights, dtype=np.float32)
-    ok = np.isfinite(w) & (w >= np.float32(1.1754944e-38))
-    mass = w[ok].astype(np.float64)
-    total = float(mass.sum())
-    entropy = float(-(mass * np.log(mass)).sum()) if mass.size else 0.0
-    floor = max(weight_threshold, np.float32(1.4e-45))
-    candidates = np.where(np.isfinite(w) & (w >= floor), w, -np.inf)
-    order = np.argsort(-candidates, kind="stable")[:top_k]
-    order = [int(i) for i in order if np.isfinite(candidates[i])]
-    kept = [float(w[i]) for i in order]
-    first = float(w[0]) if w.size and np.isfinite(w[0]) and w[0] > 0 else 0.0
-    return {
-        "layer_idx": layer,
-        "batch": batch,
-        "head_idx": head,
-        "query_pos": int(query),
-        "num_keys": int(w.size),
-        "top_k_positions": order,
-        "top_k_weights": [f32(v) for v in kept],
-        "tail_mass": f32(max(total - sum(kept), 0.0)),
-        "entropy": f32(entropy if entropy > 0 else 0.0),
-        "sink_weight": f32(first),
-    }
+def top_tokens(logits: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` tokens of a row of logits with the highest finite logits, best first, the
+    lower token first on ties (a partition, then a sort of the few that can be among them)."""
+    count = min(count, logits.size)
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    key = -np.where(np.isfinite(logits), logits, -np.inf)
+    candidates = np.flatnonzero(key <= np.partition(key, count - 1)[count - 1])
+    best = candidates[np.lexsort((candidates, key[candidates]))][:count]
+    return best[np.isfinite(logits[best])]
+
+
+class _PendingTensor:
+    """A tensor's values (the writer's copy) until it is summarised, then its summary and where
+    its floats are among the batch's numbers."""
+
+    __slots__ = ("values", "dtype", "capture", "summary", "offset")
+
+    def __init__(self, values: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]):
+        self.values, self.dtype, self.capture = values, dtype, capture
+        self.summary: Optional[Summary] = None
+        self.offset = 0
+
+
+class _Batch:
+    """Numbers held back for a batch of events, as arrays, each array's offset among them."""
+
+    def __init__(self) -> None:
+        self.arrays: List[np.ndarray] = []
+        self.count = 0
+
+    def add(self, values: np.ndarray) -> int:
+        offset = self.count
+        self.arrays.append(values)
+        self.count += values.size
+        return offset
+
+    def values(self) -> np.ndarray:
+        return np.concatenate(self.arrays) if self.arrays else np.zeros(0)
+
+
+class _Texts:
+    """The JSON texts of a batch's floats and integers."""
+
+    def __init__(self, floats: NumberTexts, integers: NumberTexts):
+        self.floats, self.integers = floats, integers
+
+
+class _PendingNumbers:
+    """The floats and the integers of the events not yet written: turned into text at once, one
+    vectorised conversion each, when the events are written."""
+
+    def __init__(self) -> None:
+        self.floats = _Batch()
+        self.integers = _Batch()
+
+    def texts(self) -> _Texts:
+        return _Texts(float_texts(self.floats.values()), integer_texts(self.integers.values()))
+
+
+class _Deferred:
+    """A value of a pending event whose JSON text needs the batch's number texts."""
+
+    def json(self, texts: _Texts) -> str:
+        raise NotImplementedError
+
+
+class _DeferredSummary(_Deferred):
+    def __init__(self, tensor: _PendingTensor):
+        self.tensor = tensor
+
+    def json(self, texts: _Texts) -> str:
+        return self.tensor.summary.json(texts.floats, self.tensor.offset)  # type: ignore[union-attr]
+
+
+class _DeferredList(_Deferred):
+    def __init__(self, offset: int, count: int):
+        self.offset, self.count = offset, count
+
+    def json(self, texts: _Texts) -> str:
+        return f"[{texts.floats.span(self.offset, self.offset + self.count)}]"
+
+
+class _DeferredRows(_Deferred):
+    """The ``rows`` of an attention event, their numbers held in ``numbers``."""
+
+    def __init__(self, layer: int, rows: Any):
+        #: The analysed rows, or (probabilities, top_k, weight threshold) until they are.
+        self.rows, self.layer = rows, layer
+        self.positions = self.weights = self.measures = 0
+        #: The JSON text, when written with the batch's other rows (:func:`_render_rows`).
+        self.text: Optional[str] = None
+
+    def take_numbers(self, numbers: _PendingNumbers) -> None:
+        """Adds the analysed rows' numbers to the batch's."""
+        rows = self.rows
+        kept = rows.positions >= 0
+        self.positions = numbers.integers.add(rows.positions[kept])
+        self.weights = numbers.floats.add(rows.weights[kept])
+        self.measures = numbers.floats.add(rows.measures.reshape(-1))
+
+    def json(self, texts: _Texts) -> str:
+        if self.text is not None:
+            return self.text
+        rows = self.rows
+        ends = np.cumsum(rows.kept)
+        starts = ends - rows.kept
+        index = np.arange(ends.size)
+        heads = [f'{{"layer_idx":{self.layer},"batch":{b},"head_idx":{h},"query_pos":{q},"num_keys":{rows.k_len},'
+                 for b, h, q in zip((index // (rows.heads * rows.q_len)).tolist(), (index // rows.q_len % rows.heads).tolist(),
+                                    (rows.k_len - rows.q_len + index % rows.q_len).tolist())]
+        positions = _spans(texts.integers, self.positions + starts, self.positions + ends)
+        weights = _spans(texts.floats, self.weights + starts, self.weights + ends)
+        measures = _spans(texts.floats, self.measures + np.arange(3 * ends.size), self.measures + np.arange(1, 3 * ends.size + 1))
+        return "[" + ",".join(
+            f'{head}"top_k_positions":[{kept}],"top_k_weights":[{weight}],'
+            f'"tail_mass":{tail},"entropy":{entropy},"sink_weight":{sink}}}'
+            for head, kept, weight, tail, entropy, sink
+            in zip(heads, positions, weights, measures[0::3], measures[1::3], measures[2::3])) + "]"
+
+
+def _render_rows(deferred: List[_DeferredRows], texts: _Texts) -> None:
+    """The JSON text of the rows of every attention event of a batch, at once (one
+    :func:`join_rows`), set as their :attr:`_DeferredRows.text`."""
+    for d in deferred:
+        if d.rows.positions.shape[0] == 0:
+            d.text = "[]"
+    deferred = [d for d in deferred if d.text is None]
+    if not deferred:
+        return
+    counts = [d.rows.positions.shape[0] for d in deferred]
+    total = sum(counts)
+    kept = np.concatenate([d.rows.kept for d in deferred])
+    ends = np.cumsum(kept)
+    event_first = np.cumsum([0] + counts[:-1])
+    first_kept = np.repeat(ends[event_first] - kept[event_first], counts)  # kept before each event
+    local_kept_end = ends - first_kept
+    local_kept_start = local_kept_end - kept
+    local = np.arange(total) - np.repeat(event_first, counts)
+
+    def per_row(values: List[int]) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=np.int64), counts)
+
+    heads, q_len = per_row([d.rows.heads for d in deferred]), per_row([d.rows.q_len for d in deferred])
+    k_len, layer = per_row([d.rows.k_len for d in deferred]), per_row([d.layer for d in deferred])
+    query = k_len - q_len + local % q_len
+    if layer.min() < 0 or query.min() < 0:
+        return  # written row by row (_DeferredRows.json)
+
+    def span(numbers: NumberTexts, first: np.ndarray, stop: np.ndarray) -> Any:
+        starts = numbers.start_array[first]
+        return numbers.ascii(), starts, np.maximum(numbers.start_array[stop] - 1 - starts, 0)
+
+    positions, weights = per_row([d.positions for d in deferred]), per_row([d.weights for d in deferred])
+    measures = per_row([d.measures for d in deferred]) + 3 * local
+    floats = texts.floats
+    joined, starts = join_rows(total, [
+        '{"layer_idx":', layer, ',"batch":', local // (heads * q_len), ',"head_idx":', local // q_len % heads,
+        ',"query_pos":', query, ',"num_keys":', k_len,
+        ',"top_k_positions":[', span(texts.integers, positions + local_kept_start, positions + local_kept_end),
+        '],"top_k_weights":[', span(floats, weights + local_kept_start, weights + local_kept_end),
+        '],"tail_mass":', span(floats, measures, measures + 1), ',"entropy":', span(floats, measures + 1, measures + 2),
+        ',"sink_weight":', span(floats, measures + 2, measures + 3), '},'])
+    bounds = starts[np.concatenate([event_first, [total]])].tolist()
+    for d, start, stop in zip(deferred, bounds, bounds[1:]):
+        d.text = f"[{joined[start:stop - 1]}]"
+
+
+def _analyse_rows(pending: List[_DeferredRows], numbers: _PendingNumbers) -> None:
+    """Analyses the attention rows of the tensors kept for it, those with the same number of keys
+    (and options) together, and adds their numbers to the batch's."""
+    groups: Dict[Any, List[_DeferredRows]] = {}
+    for deferred in pending:
+        probs, top_k, threshold = deferred.rows
+        groups.setdefault((probs.shape[-1] if probs.ndim else 0, top_k, threshold), []).append(deferred)
+    for (_, top_k, threshold), members in groups.items():
+        analysed = attention_rows_of_many([deferred.rows[0] for deferred in members], top_k, threshold)
+        for deferred, rows in zip(members, analysed):
+            deferred.rows = rows
+            deferred.take_numbers(numbers)
+
+
+def _spans(texts: NumberTexts, starts: np.ndarray, stops: np.ndarray) -> List[str]:
+    """``texts.span(a, b)`` for each ``a`` of ``starts`` and ``b`` of ``stops``."""
+    joined = texts.joined
+    return [joined[a:b - 1] if b > a else "" for a, b in zip(texts.start_array[starts].tolist(), texts.start_array[stops].tolist())]
+
+
+def _layer_json(frame: Dict[str, Any], texts: _Texts) -> str:
+    """:func:`_json` of a layer event (keys as :meth:`TraceWriter.begin_layer` puts them), from
+    one template: a pass has many of them."""
+    stages = ",".join(f'{{"seq":{stage["seq"]},"name":{encode_basestring_ascii(stage["name"])},'
+                      f'"tensor":{_json(stage["tensor"], texts)}}}' for stage in frame["stages"])
+    return (f'{{"event":"layer","seq":{frame["seq"]},"pass":{_json(frame["pass"], texts)},"layer":{frame["layer"]},'
+            f'"tracepoint":{encode_basestring_ascii(frame["tracepoint"])},'
+            f'"function":{encode_basestring_ascii(frame["function"])},"start_ns":{frame["start_ns"]},'
+            f'"duration_ns":{frame["duration_ns"]},"stages":[{stages}]}}')
+
+
+def _json(value: Any, texts: _Texts) -> str:
+    """The JSON text of an event or a part of it, as the Rust writer writes it: each
+    :class:`_Deferred` written from the number texts, floats as float32
+    (:func:`model_trace.format.f32_text`), the rest as ``dumps`` writes it."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is float:
+        return f32_text(value)
+    if value is None:
+        return "null"
+    if isinstance(value, _Deferred):
+        return value.json(texts)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{encode_basestring_ascii(key)}:{_json(item, texts)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json(item, texts) for item in value) + "]"
+    return dumps(value)

@@ -2,6 +2,7 @@
 the `safetensors` package and carry exactly the fingerprint, sketch and samples the trace
 recorded; the statistics agree with numpy's; DuckDB and polars read the file as it is."""
 
+import json
 import math
 import struct
 
@@ -10,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file
 
 import model_trace
-from model_trace.format import iter_stages, read_float
+import model_trace.floats
+from model_trace.format import f32_text, iter_stages, read_float
 
 from conftest import run_example
 
@@ -89,6 +91,24 @@ def test_statistics_agree_with_numpy(trace, request):
     print(f"worst relative difference of mean/std/l2 from numpy: {worst:.2e}")
 
 
+@pytest.mark.parametrize("trace", ["smollm_trace", "minilm_trace"])
+@pytest.mark.parametrize("formatter", ["orjson", "arithmetic"])
+def test_floats_are_written_as_the_rust_writer_writes_them(trace, formatter, request, monkeypatch):
+    """Every float of a Rust trace, written by the Python writer's formatter from its float32
+    value, is the same text, byte for byte."""
+    if formatter == "orjson" and model_trace.floats._orjson is None:
+        pytest.skip("orjson is not installed, or writes floats another way")
+    if formatter == "arithmetic":
+        monkeypatch.setattr(model_trace.floats, "_orjson", None)
+    texts = []
+    for line in request.getfixturevalue(trace).read_text().splitlines():
+        json.loads(line, parse_float=texts.append)
+    assert len(texts) > 1000
+    ours = model_trace.floats.float_texts(np.array([float(t) for t in texts], dtype=np.float32))
+    assert [ours[i] for i in range(len(ours))] == texts
+    assert [f32_text(float(t)) for t in texts[:2000]] == texts[:2000]
+
+
 def test_duckdb_and_polars_read_the_file_as_it_is(smollm_trace):
     import duckdb
     import polars as pl
@@ -152,9 +172,9 @@ def test_floats_are_written_losslessly():
 def test_attention_rows_agree_with_the_rust_runtime(minilm_trace):
     """The Python writer's attention rows from the same probabilities as the Rust runtime's: the
     kept positions and weights bit for bit; the entropy to 2e-6 relative (the runtime uses a
-    branch-free logarithm within ~1 ulp of f32, numpy the libm one) and the tail mass to 1e-6
+    branch-free logarithm within ~1 ulp of f32, torch the libm one) and the tail mass to 1e-6
     (f64 sums in another order)."""
-    from model_trace.writer import attention_row
+    from model_trace.attention import attention_rows
 
     header, events = model_trace.read_trace(str(minilm_trace))
     top_k = header["config"]["attention_config"]["top_k"]
@@ -165,15 +185,15 @@ def test_attention_rows_agree_with_the_rust_runtime(minilm_trace):
             continue
         capture = event["probs"]["capture"]
         probs = load_file(str(minilm_trace.parent / capture["file"]))[capture["tensor"]]
-        _, heads, q_len, k_len = probs.shape
+        ours = {(r["batch"], r["head_idx"], r["query_pos"]): r
+                for r in attention_rows(probs, top_k, threshold).records(event["layer"])}
         for row in event["rows"]:
-            ours = attention_row(probs[row["batch"], row["head_idx"], row["query_pos"] - (k_len - q_len)],
-                                 event["layer"], row["batch"], row["head_idx"], row["query_pos"], top_k, threshold)
-            assert ours["top_k_positions"] == row["top_k_positions"], (event["layer"], row)
-            assert bits([read_float(v) for v in ours["top_k_weights"]]) == bits([read_float(v) for v in row["top_k_weights"]])
-            assert read_float(ours["sink_weight"]) == read_float(row["sink_weight"])
-            assert abs(read_float(ours["entropy"]) - read_float(row["entropy"])) <= 2e-6 * max(read_float(row["entropy"]), 1e-3)
-            assert abs(read_float(ours["tail_mass"]) - read_float(row["tail_mass"])) <= 1e-6
+            mine = ours[row["batch"], row["head_idx"], row["query_pos"]]
+            assert (mine["layer_idx"], mine["num_keys"]) == (row["layer_idx"], row["num_keys"])
+            assert mine["top_k_positions"] == row["top_k_positions"], (event["layer"], row)
+            assert bits([read_float(v) for v in mine["top_k_weights"]]) == bits([read_float(v) for v in row["top_k_weights"]])
+            assert read_float(mine["sink_weight"]) == read_float(row["sink_weight"])
+            assert abs(read_float(mine["entropy"]) - read_float(row["entropy"])) <= 2e-6 * max(read_float(row["entropy"]), 1e-3)
+            assert abs(read_float(mine["tail_mass"]) - read_float(row["tail_mass"])) <= 1e-6
             checked += 1
     assert checked == 6 * 12 * 7, checked
-
