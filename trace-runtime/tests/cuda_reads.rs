@@ -6,23 +6,12 @@
 //! `MODEL_TRACE_REQUIRE_GPU=1`, which makes a missing GPU a failure.
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use candle_core::{DType, Device, Tensor};
 use trace_runtime::{SummaryRequest, TensorStats, TensorSummary, TraceTensor};
 
-/// The first CUDA device, or `None` (and a line saying why) when there is none.
-fn gpu(test: &str) -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(device) => Some(device),
-        Err(error) => {
-            assert!(
-                std::env::var_os("MODEL_TRACE_REQUIRE_GPU").is_none_or(|v| v != "1"),
-                "{test}: MODEL_TRACE_REQUIRE_GPU=1 but no CUDA device: {error}"
-            );
-            eprintln!("{test}: skipped: no CUDA device ({error})");
-            None
-        }
-    }
-}
+use support::cuda_device as gpu;
 
 /// Values with a bit of everything: a large mean against the spread, NaN, ±Inf, zeros of both
 /// signs, subnormals (of f32; f16/bf16 round them), and a tail that drifts.
