@@ -193,12 +193,17 @@ fn strip_times(value: &mut serde_json::Value) {
     }
 }
 
+/// A session on this thread with `sink` as its one sink.
+fn start(config: ModelTracerConfig, sink: impl TraceSink + 'static) -> Session {
+    Session::builder(config)
+        .sink(sink)
+        .start()
+        .expect("a session without a file cannot fail to start")
+}
+
 fn run(side: &Values, config: ModelTracerConfig, passes: usize) -> Events {
     let events = Events::default();
-    let session = Session::builder(config)
-        .sink(events.clone())
-        .start()
-        .unwrap();
+    let session = start(config, events.clone());
     for pass in 0..passes {
         model(&input(side, pass), None);
     }
@@ -274,10 +279,7 @@ fn digests_of_device_tensors_are_asked_for_only_under_digest_policy_always() {
             digests: policy,
             ..ModelTracerConfig::lightweight()
         };
-        let session = Session::builder(config)
-            .sink(events.clone())
-            .start()
-            .unwrap();
+        let session = start(config, events.clone());
         model(&input(&Values::Device(device.clone(), vec![]), 0), None);
         session.finish();
         let requests = device.0.borrow().requests.clone();
@@ -297,10 +299,7 @@ fn digests_of_device_tensors_are_asked_for_only_under_digest_policy_always() {
 fn anomalies_are_judged_on_the_statistics_read_back() {
     let device = FakeDevice::default();
     let events = Events::default();
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .sink(events.clone())
-        .start()
-        .unwrap();
+    let session = start(ModelTracerConfig::lightweight(), events.clone());
     model(&input(&Values::Device(device.clone(), vec![]), 0), Some(1));
     let tracer = session.finish();
     let ends = events.picked(|event| match event {
@@ -325,10 +324,7 @@ fn anomalies_are_judged_on_the_statistics_read_back() {
 fn a_pass_that_unwinds_is_read_back_and_kept() {
     let device = FakeDevice::default();
     let events = Events::default();
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .sink(events.clone())
-        .start()
-        .unwrap();
+    let session = start(ModelTracerConfig::lightweight(), events.clone());
     let side = Values::Device(device.clone(), vec![]);
     let unwound = catch_unwind(AssertUnwindSafe(|| model(&input(&side, 0), Some(102))));
     assert!(unwound.is_err());
@@ -364,10 +360,7 @@ fn a_pass_that_unwinds_is_read_back_and_kept() {
 fn an_implicit_pass_is_read_back_when_the_session_ends() {
     let device = FakeDevice::default();
     let events = Events::default();
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .sink(events.clone())
-        .start()
-        .unwrap();
+    let session = start(ModelTracerConfig::lightweight(), events.clone());
     // No #[trace_model]: the layers open an implicit pass.
     layers(&input(&Values::Device(device.clone(), vec![]), 0), 2, None);
     assert_eq!(
@@ -390,10 +383,7 @@ fn an_implicit_pass_is_read_back_when_the_session_ends() {
 fn a_read_that_fails_is_an_error_and_its_stage_is_left_out() {
     let device = FakeDevice::default();
     let events = Events::default();
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .sink(events.clone())
-        .start()
-        .unwrap();
+    let session = start(ModelTracerConfig::lightweight(), events.clone());
     let side = Values::Device(device.clone(), vec![]);
     model(&input(&side, 0), None);
     device.0.borrow_mut().failing = true;
@@ -464,10 +454,7 @@ fn layer_spans_close_when_the_layers_return_and_held_records_follow() {
         ),
     ] {
         let log = SpanLog::default();
-        let session = Session::builder(ModelTracerConfig::full())
-            .sink(log.clone())
-            .start()
-            .unwrap();
+        let session = start(ModelTracerConfig::full(), log.clone());
         model(&input(&side, 0), None);
         session.finish();
         assert_eq!(log.0.borrow().join(", "), expected);

@@ -75,6 +75,21 @@ __device__ __forceinline__ unsigned int key(float f) {
 
 __device__ __forceinline__ bool is_finite(float v) { return fabsf(v) <= 3.402823466e38f; }
 
+// Folds a warp's partial results into lane 0's.
+__device__ __forceinline__ void reduce_warp(double& sum, double& sq, unsigned int& nan,
+                                            unsigned int& inf, unsigned int& finite, float& lo,
+                                            float& hi) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_down_sync(0xffffffffu, sum, offset);
+        sq += __shfl_down_sync(0xffffffffu, sq, offset);
+        nan += __shfl_down_sync(0xffffffffu, nan, offset);
+        inf += __shfl_down_sync(0xffffffffu, inf, offset);
+        finite += __shfl_down_sync(0xffffffffu, finite, offset);
+        lo = fminf(lo, __shfl_down_sync(0xffffffffu, lo, offset));
+        hi = fmaxf(hi, __shfl_down_sync(0xffffffffu, hi, offset));
+    }
+}
+
 #define STATS_KERNEL(NAME, T, LOAD)                                                              \
     extern "C" __global__ void NAME(const T* x, Layout layout, unsigned long long* slot) {      \
         __shared__ double shared_shift;                                                          \
@@ -121,15 +136,7 @@ __device__ __forceinline__ bool is_finite(float v) { return fabsf(v) <= 3.402823
                 hi = fmaxf(hi, v);                                                               \
             }                                                                                    \
         }                                                                                        \
-        for (int offset = 16; offset > 0; offset >>= 1) {                                        \
-            sum += __shfl_down_sync(0xffffffffu, sum, offset);                                   \
-            sq += __shfl_down_sync(0xffffffffu, sq, offset);                                     \
-            nan += __shfl_down_sync(0xffffffffu, nan, offset);                                   \
-            inf += __shfl_down_sync(0xffffffffu, inf, offset);                                   \
-            finite += __shfl_down_sync(0xffffffffu, finite, offset);                             \
-            lo = fminf(lo, __shfl_down_sync(0xffffffffu, lo, offset));                           \
-            hi = fmaxf(hi, __shfl_down_sync(0xffffffffu, hi, offset));                           \
-        }                                                                                        \
+        reduce_warp(sum, sq, nan, inf, finite, lo, hi);                                          \
         const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;                    \
         if (lane == 0) {                                                                         \
             warp_sum[warp] = sum;                                                                \
@@ -153,15 +160,7 @@ __device__ __forceinline__ bool is_finite(float v) { return fabsf(v) <= 3.402823
         finite = mine ? warp_finite[lane] : 0u;                                                  \
         lo = mine ? warp_min[lane] : __uint_as_float(0x7f800000u);                               \
         hi = mine ? warp_max[lane] : -__uint_as_float(0x7f800000u);                              \
-        for (int offset = 16; offset > 0; offset >>= 1) {                                        \
-            sum += __shfl_down_sync(0xffffffffu, sum, offset);                                   \
-            sq += __shfl_down_sync(0xffffffffu, sq, offset);                                     \
-            nan += __shfl_down_sync(0xffffffffu, nan, offset);                                   \
-            inf += __shfl_down_sync(0xffffffffu, inf, offset);                                   \
-            finite += __shfl_down_sync(0xffffffffu, finite, offset);                             \
-            lo = fminf(lo, __shfl_down_sync(0xffffffffu, lo, offset));                           \
-            hi = fmaxf(hi, __shfl_down_sync(0xffffffffu, hi, offset));                           \
-        }                                                                                        \
+        reduce_warp(sum, sq, nan, inf, finite, lo, hi);                                          \
         if (lane != 0) {                                                                         \
             return;                                                                              \
         }                                                                                        \
