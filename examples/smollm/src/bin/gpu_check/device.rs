@@ -30,8 +30,9 @@ pub fn open(choice: Option<DeviceKind>) -> Result<Opened, Failure> {
         )),
         Some(DeviceKind::Cuda) => open_cuda().map_err(|e| {
             Failure::Setup(format!(
-                "--device cuda: cannot open CUDA device 0: {e}\n(are the CUDA libraries on \
-                 LD_LIBRARY_PATH? see examples/smollm/README.md)"
+                "--device cuda: cannot open CUDA device 0: {}\n(are the CUDA libraries on \
+                 LD_LIBRARY_PATH? see examples/smollm/README.md)",
+                first_line(&e)
             ))
         }),
         None if !CUDA_BUILT => {
@@ -42,10 +43,24 @@ pub fn open(choice: Option<DeviceKind>) -> Result<Opened, Failure> {
             Ok(cpu)
         }
         None => Ok(open_cuda().unwrap_or_else(|e| {
-            eprintln!("note: no CUDA device opens ({e}): running on the CPU");
+            eprintln!(
+                "note: no CUDA device opens ({}): running on the CPU",
+                first_line(&e)
+            );
             cpu
         })),
     }
+}
+
+/// The first line of candle's error: the rest is a backtrace when RUST_BACKTRACE is set, and
+/// its frames are unnamed in a stripped binary.
+fn first_line(error: &candle_core::Error) -> String {
+    error
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// GPU 0. Without the `cuda` feature candle answers with an error, which `open` never asks for.
