@@ -363,7 +363,5 @@ fn placeholder_header() -> TraceHeader {
         run: String::new(),
         rank: None,
         world_size: None,
-        interventions: Vec::new(),
-        isolate: None,
     }
 }

@@ -778,8 +778,6 @@ impl SessionBuilder {
             run: self.run_id(),
             rank: rank.map(|(rank, _)| rank),
             world_size: rank.map(|(_, world_size)| world_size),
-            interventions: Vec::new(),
-            isolate: None,
         }
     }
 }
