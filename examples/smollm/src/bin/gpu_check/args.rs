@@ -9,10 +9,18 @@ pub const USAGE: &str = "\
 usage: gpu_check bench [--device cpu|cuda] [--dtype f32|f16|bf16] [--rounds R] [--passes P]
                        [--layers N] [--json OUT]
        gpu_check verify [--device cpu|cuda] [--json OUT]
+       gpu_check reads [--device cpu|cuda] [--sizes N,N,...] [--rounds R] [--passes P] [--json OUT]
+       gpu_check trace --out FILE [--device cpu|cuda] [--dtype f32|f16|bf16] [--passes P]
+                       [--layers N] [--capture PATTERN]
 bench:  a SmolLM2-shaped decode step with random weights, untraced and traced, in R rounds of P
         passes per configuration (defaults: 10 rounds of 20 passes, 30 layers, f32)
 verify: statistics and digests of tensors read on the device against the CPU's
         (exit status 0: all match, 1: a mismatch, 2: bad arguments or setup)
+reads:  what one tensor's statistics cost in a forward pass, by size, reduced on the device and
+        copied to the host, and the size below which the copy is cheaper
+        (defaults: 1 to 4M elements, 5 rounds of 20 passes)
+trace:  the decode step traced in full (without quantization) into a trace file, to diff the
+        same model on two devices (default: 2 passes)
 --device defaults to cuda when built with the `cuda` feature and a GPU opens, else cpu";
 
 /// Which device to run on, as `--device` names it.
@@ -65,21 +73,50 @@ pub struct VerifyArgs {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+pub struct ReadsArgs {
+    pub device: Option<DeviceKind>,
+    /// Elements of the tensors read, one measurement each.
+    pub sizes: Vec<usize>,
+    pub rounds: usize,
+    pub passes: usize,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceArgs {
+    pub device: Option<DeviceKind>,
+    pub dtype: DType,
+    pub passes: usize,
+    pub layers: usize,
+    pub out: PathBuf,
+    /// A capture filter: the tensors it admits are saved in full beside the trace.
+    pub capture: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Bench(BenchArgs),
     Verify(VerifyArgs),
+    Reads(ReadsArgs),
+    Trace(TraceArgs),
     Help,
 }
 
 /// Parses everything after the program name; the error is a message for the user.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut args = args.into_iter();
-    let command = args.next().ok_or("missing the command: bench or verify")?;
+    let command = args
+        .next()
+        .ok_or("missing the command: bench, verify, reads or trace")?;
     match command.as_str() {
         "bench" => parse_bench(args).map(Command::Bench),
         "verify" => parse_verify(args).map(Command::Verify),
+        "reads" => parse_reads(args).map(Command::Reads),
+        "trace" => parse_trace(args).map(Command::Trace),
         "-h" | "--help" | "help" => Ok(Command::Help),
-        other => Err(format!("unknown command {other:?}: bench or verify")),
+        other => Err(format!(
+            "unknown command {other:?}: bench, verify, reads or trace"
+        )),
     }
 }
 
@@ -118,6 +155,74 @@ fn parse_verify(args: impl Iterator<Item = String>) -> Result<VerifyArgs, String
             other => return Err(format!("verify takes no {other}")),
         }
     }
+    Ok(parsed)
+}
+
+/// Sizes from 1 element to 4M, by factors of 2 to 4, with SmolLM2's widths among them.
+pub const DEFAULT_READ_SIZES: [usize; 13] = [
+    1,
+    16,
+    64,
+    256,
+    576,
+    1536,
+    4096,
+    16_384,
+    49_152,
+    262_144,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+];
+
+fn parse_reads(args: impl Iterator<Item = String>) -> Result<ReadsArgs, String> {
+    let mut parsed = ReadsArgs {
+        device: None,
+        sizes: DEFAULT_READ_SIZES.to_vec(),
+        rounds: 5,
+        passes: 20,
+        json: None,
+    };
+    for (flag, value) in flags(args)? {
+        match flag.as_str() {
+            "--device" => parsed.device = Some(parse_device(&value)?),
+            "--sizes" => {
+                parsed.sizes = value
+                    .split(',')
+                    .map(|size| parse_count(&flag, size.trim()))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--rounds" => parsed.rounds = parse_count(&flag, &value)?,
+            "--passes" => parsed.passes = parse_count(&flag, &value)?,
+            "--json" => parsed.json = Some(PathBuf::from(value)),
+            other => return Err(format!("reads takes no {other}")),
+        }
+    }
+    Ok(parsed)
+}
+
+fn parse_trace(args: impl Iterator<Item = String>) -> Result<TraceArgs, String> {
+    let mut out = None;
+    let mut parsed = TraceArgs {
+        device: None,
+        dtype: DType::F32,
+        passes: 2,
+        layers: crate::model::LAYERS,
+        out: PathBuf::new(),
+        capture: None,
+    };
+    for (flag, value) in flags(args)? {
+        match flag.as_str() {
+            "--device" => parsed.device = Some(parse_device(&value)?),
+            "--dtype" => parsed.dtype = parse_dtype(&value)?,
+            "--passes" => parsed.passes = parse_count(&flag, &value)?,
+            "--layers" => parsed.layers = parse_count(&flag, &value)?,
+            "--out" => out = Some(PathBuf::from(value)),
+            "--capture" => parsed.capture = Some(value),
+            other => return Err(format!("trace takes no {other}")),
+        }
+    }
+    parsed.out = out.ok_or("trace needs --out FILE")?;
     Ok(parsed)
 }
 
@@ -209,6 +314,30 @@ mod tests {
     }
 
     #[test]
+    fn reads_and_trace_flags() {
+        let Ok(Command::Reads(reads)) = parse_words("reads --sizes 1,576,1048576 --rounds 2")
+        else {
+            panic!("reads parses");
+        };
+        assert_eq!(reads.sizes, [1, 576, 1 << 20]);
+        assert_eq!((reads.rounds, reads.passes), (2, 20));
+        let Ok(Command::Reads(defaults)) = parse_words("reads") else {
+            panic!("reads parses");
+        };
+        assert_eq!(defaults.sizes, DEFAULT_READ_SIZES);
+        let Ok(Command::Trace(trace)) =
+            parse_words("trace --device cpu --out t.ndjson --capture layer:*")
+        else {
+            panic!("trace parses");
+        };
+        assert_eq!(trace.out, PathBuf::from("t.ndjson"));
+        assert_eq!(
+            (trace.passes, trace.capture.as_deref()),
+            (2, Some("layer:*"))
+        );
+    }
+
+    #[test]
     fn bad_arguments_are_errors() {
         for words in [
             "",
@@ -219,6 +348,9 @@ mod tests {
             "bench --passes many",
             "bench --rounds",
             "bench extra",
+            "reads --sizes 1,,2",
+            "reads --sizes 0",
+            "trace --device cpu",
         ] {
             assert!(parse_words(words).is_err(), "{words:?}");
         }

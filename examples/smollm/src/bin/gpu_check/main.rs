@@ -4,6 +4,8 @@
 //! cargo build --release -p smollm --features trace,cuda --bin gpu_check
 //! gpu_check bench [--device cpu|cuda] [--dtype f32|f16|bf16] [--rounds R] [--passes P] [--layers N] [--json OUT]
 //! gpu_check verify [--device cpu|cuda] [--json OUT]
+//! gpu_check reads [--device cpu|cuda] [--sizes N,N,...] [--rounds R] [--passes P] [--json OUT]
+//! gpu_check trace --out FILE [--device cpu|cuda] [--dtype f32|f16|bf16] [--passes P] [--layers N] [--capture PATTERN]
 //! ```
 //!
 //! `bench` times a decode step of SmolLM2-135M's shape with random weights (the `model`
@@ -11,10 +13,13 @@
 //! unannotated twin, with no session, a lightweight session and full tracing into a trace file
 //! (see the `bench` module for how it measures). `verify` records tensors on the device and
 //! the same tensors on the CPU and compares the statistics and digests model-trace keeps of
-//! them (the `verify` module). Both take the device from `--device`; by default GPU 0 when the
-//! binary was built with the `cuda` feature and one opens, else the CPU, saying so. Built
-//! without `--features trace`, the annotations are compiled out: `bench` then measures the
-//! untraced step in every configuration and `verify` refuses to run.
+//! them (the `verify` module). `reads` times what one tensor's statistics cost in a pass, by
+//! size, on each of the two device paths (the `reads` module); `trace` writes the step's trace
+//! file, so that the same model on two devices can be diffed (the `trace` module). All take the
+//! device from `--device`; by default GPU 0 when the binary was built with the `cuda` feature
+//! and one opens, else the CPU, saying so. Built without `--features trace`, the annotations
+//! are compiled out: `bench` then measures the untraced step in every configuration, and
+//! `verify`, `reads` and `trace` refuse to run.
 //!
 //! Exit status: 0 success (every case matched, for `verify`), 1 a check failed (a mismatch,
 //! logits of the traced step that differ from the twin's, record errors), 2 bad arguments or a
@@ -24,6 +29,8 @@ mod args;
 mod bench;
 mod device;
 mod model;
+mod reads;
+mod trace;
 mod verify;
 
 use std::fmt;
@@ -75,6 +82,8 @@ fn main() -> ExitCode {
         }
         Ok(Command::Bench(args)) => bench::run(&args),
         Ok(Command::Verify(args)) => verify::run(&args),
+        Ok(Command::Reads(args)) => reads::run(&args),
+        Ok(Command::Trace(args)) => trace::run(&args),
         Err(message) => Err(Failure::Usage(message)),
     };
     match outcome {
