@@ -10,6 +10,7 @@
 use std::io::Write;
 
 use candle_core::Device;
+use trace_runtime::TensorStats;
 
 /// Whether the environment variable `name` is set to `1`.
 pub fn env_flag(name: &str) -> bool {
@@ -35,4 +36,22 @@ pub fn cuda_device(test: &str) -> Option<Device> {
             None
         }
     }
+}
+
+/// The device's min and max are the host's, as numbers: where the extremum is a zero, which of
+/// −0 and +0 the CPU keeps depends on the order of its SIMD lanes, while the device orders −0
+/// below +0.
+pub fn assert_same_extremes(what: &str, device: &TensorStats, host: &TensorStats) {
+    assert!(
+        device.min == host.min,
+        "{what}: min {} vs {}",
+        device.min,
+        host.min
+    );
+    assert!(
+        device.max == host.max,
+        "{what}: max {} vs {}",
+        device.max,
+        host.max
+    );
 }

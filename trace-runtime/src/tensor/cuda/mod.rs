@@ -1,11 +1,12 @@
 //! candle's CUDA tensors, read on the device (feature `cuda`).
 //!
-//! Statistics come from one kernel launch per tensor (`stats.cu`), reading the tensor in place
-//! in its own dtype and layout, into a slot of the pass's batch. A tensor that needs a digest, or
-//! is smaller than [`SummaryRequest::copy_below`], is instead copied whole into pinned host memory
-//! (asynchronously; a view is made contiguous on the device first) and summarised on the host
-//! exactly as a CPU tensor is. Either way nothing waits for the device until the pass ends: its
-//! first finished read copies the batch's slots back and waits for the stream, once.
+//! A read queues a task in the pass's batch (`batch`): statistics reduced on the device into a
+//! slot, or, for a tensor that needs a digest or is smaller than
+//! [`SummaryRequest::copy_below`], its values gathered (views included, in row-major order and
+//! their own dtype) to be summarised on the host exactly as a CPU tensor is. The batch runs its
+//! tasks with one kernel launch (`kernel`, `stats.cu`) and copies the results back once, when the
+//! pass ends: nothing waits for the device before that, and a read costs the host about a
+//! microsecond.
 //!
 //! Reads of dtypes other than f32, f64, f16 and bf16 are not deferred: they take the host copy
 //! of [`TraceTensor::with_f32`](crate::TraceTensor::with_f32).
@@ -15,11 +16,9 @@ mod kernel;
 mod layout;
 mod values;
 
-use std::borrow::Cow;
-
 use candle_core::{DType, Storage, Tensor};
 
-use self::batch::{batch_of, ReadBack};
+use self::batch::batch_of;
 use self::kernel::SLOT_WORDS;
 use self::layout::DeviceLayout;
 use super::{PendingSummary, SummaryRequest, TensorError};
@@ -37,17 +36,6 @@ pub(super) fn start_summary(
     {
         return None;
     }
-    let copy = request.digest || tensor.elem_count() < request.copy_below;
-    let started = if copy {
-        start_copy(tensor, request.digest)
-    } else {
-        start_stats(tensor)?
-    };
-    Some(started)
-}
-
-/// Queues the statistics kernel; `None` for a layout of more dimensions than it takes.
-fn start_stats(tensor: &Tensor) -> Option<Result<PendingSummary, TensorError>> {
     let (storage, layout) = tensor.storage_and_layout();
     let Storage::Cuda(cuda) = &*storage else {
         return None;
@@ -57,68 +45,36 @@ fn start_stats(tensor: &Tensor) -> Option<Result<PendingSummary, TensorError>> {
         Ok(batch) => batch,
         Err(error) => return Some(Err(error)),
     };
+    let count = device_layout.count;
+    if request.digest || count < request.copy_below {
+        let digest = request.digest;
+        let started = batch
+            .borrow_mut()
+            .start_gather(tensor, &cuda.slice, &device_layout, digest);
+        let (number, index) = match started {
+            Ok(started) => started,
+            Err(error) => return Some(Err(error)),
+        };
+        return Some(Ok(PendingSummary::new(move || {
+            batch.borrow_mut().gathered(number, index)
+        })));
+    }
     let started = batch
         .borrow_mut()
-        .start_stats(&cuda.slice, &device_layout)?;
-    let (number, place) = match started {
+        .start_stats(tensor, &cuda.slice, &device_layout)?;
+    let (number, at) = match started {
         Ok(started) => started,
         Err(error) => return Some(Err(error)),
     };
     let shape = tensor.dims().to_vec();
-    let dtype = tensor.dtype().as_str();
-    let count = device_layout.count;
     Some(Ok(PendingSummary::new(move || {
-        let mut batch = batch.borrow_mut();
-        let ReadBack::Slot(slot) = batch.result(number, place)? else {
-            return Err(TensorError::Backend(
-                "a statistics read got values".to_owned(),
-            ));
-        };
+        let slot = batch.borrow_mut().slot(number, at)?;
         Ok(TensorSummary::from_stats(
             shape,
-            dtype,
+            dtype.as_str(),
             stats_of_slot(&slot, count),
         ))
     })))
-}
-
-/// Queues a copy of the values to pinned host memory, to be summarised there.
-fn start_copy(tensor: &Tensor, digest: bool) -> Result<PendingSummary, TensorError> {
-    // A view is copied into a contiguous tensor on the device first (one kernel): a digest needs
-    // the values in row-major order.
-    let tensor: Cow<'_, Tensor> = if tensor.is_contiguous() {
-        Cow::Borrowed(tensor)
-    } else {
-        Cow::Owned(tensor.contiguous()?)
-    };
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else {
-        return Err(TensorError::Backend("not a CUDA tensor".to_owned()));
-    };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        return Err(TensorError::Backend(
-            "a contiguous tensor has no contiguous offsets".into(),
-        ));
-    };
-    let batch = batch_of(&cuda.device)?;
-    let (number, place) = batch.borrow_mut().start_copy(&cuda.slice, start..end)?;
-    let shape = tensor.dims().to_vec();
-    let dtype = tensor.dtype();
-    Ok(PendingSummary::new(move || {
-        let mut batch = batch.borrow_mut();
-        let ReadBack::Bytes(bytes) = batch.result(number, place)? else {
-            return Err(TensorError::Backend(
-                "a copy read got statistics".to_owned(),
-            ));
-        };
-        let values = values::widen(bytes, dtype)?;
-        let name = dtype.as_str();
-        Ok(if digest {
-            TensorSummary::of_values(shape, name, &values)
-        } else {
-            TensorSummary::from_stats(shape, name, TensorStats::from_slice(&values))
-        })
-    }))
 }
 
 /// The statistics of a slot the kernel filled, for a tensor of `count` elements.
