@@ -14,15 +14,16 @@ layer pattern and the stages' submodules (:class:`Architecture`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .attention import attention_rows
 from .filter import CaptureFilter, Tracepoint
-from .writer import TraceWriter, dtype_name
+from .writer import Pending, TraceWriter, dtype_name
 
 
 @dataclass
@@ -110,20 +111,89 @@ def _module_stage(path: str, which: str) -> str:
     return f"{path}:output" if path in RESERVED else path
 
 
-def to_numpy(value: Any) -> Tuple[np.ndarray, str]:
+#: Device types whose tensors are copied to host memory asynchronously (:class:`_HostCopy`):
+#: the writer waits for them once a batch. Another device's are copied with ``.cpu()``.
+ASYNC_COPY_DEVICES = ("cuda",)
+
+#: Attention probabilities on a device with at least this many elements are analysed there
+#: (:func:`model_trace.attention.attention_rows`: ~35 small torch operations, then one copy of
+#: the results, which waits for the device); smaller ones with the batch's others in host
+#: memory, from the copy made for their summary anyway. Measured on an H100 machine (torch
+#: 2.11, python/benchmarks/cuda_copies.py), one tensor's analysis on the device took 1.2-1.5 ms
+#: at every size from 153 to 2.4M elements (launches and the wait); in host memory 0.12 ms for
+#: a decode step's [1, 9, 1, 17], 0.23 ms for a 16-token prefill's [1, 9, 16, 16], 1.1 ms for
+#: 37K elements, 2.0 ms for 83K, 3.0 ms for 147K, 15 ms for 590K. They meet at about 50K; the
+#: wait for the device, which also keeps it from running ahead of the host, tips it to 64K.
+DEVICE_ANALYSIS_MIN_ELEMENTS = 1 << 16
+
+
+def analysed_on_device(probs: Any) -> bool:
+    """Whether the attention rows of ``probs`` (a torch tensor) are analysed on its device,
+    rather than in host memory with the batch's other attention tensors."""
+    return probs.device.type != "cpu" and probs.numel() >= DEVICE_ANALYSIS_MIN_ELEMENTS
+
+
+def to_numpy(value: Any) -> Tuple[Union[np.ndarray, Pending], str]:
     """A tensor's values as float32 on the host (a CPU float32 tensor's own memory), and its
-    dtype's name."""
+    dtype's name. A CUDA tensor's come as a :class:`_HostCopy` whose values the writer reads
+    once it has waited for the device (one wait a batch, not one a tensor)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
+        device = tensor.device.type
+        if device in ASYNC_COPY_DEVICES:
+            # float16 and bfloat16 copied as they are (half the bytes) and widened in host
+            # memory; other types made float32 on the device, as before a blocking copy.
+            if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                tensor = tensor.to(torch.float32)
+            return _HostCopy(tensor), _dtype_name(value.dtype)
         if tensor.dtype != torch.float32:
             tensor = tensor.to(torch.float32)
-        if tensor.device.type != "cpu":
+        if device != "cpu":
             tensor = tensor.cpu()
         return tensor.numpy(), _dtype_name(value.dtype)
     array = np.asarray(value)
     return array.astype(np.float32), dtype_name(array.dtype)
+
+
+class _HostCopy(Pending):
+    """A device tensor's copy to host memory, under way. ``tensor.to("cpu", non_blocking=True)``
+    queues the copy on the device's current stream and returns at once, with a host tensor
+    that torch allocates in pinned memory (``_to_copy`` pins the result of a non-blocking copy
+    from an accelerator to the CPU): its values are there only once the device has reached
+    the copy. So they are read (:meth:`read`) only after ``wait``, a
+    ``torch.cuda.synchronize`` of the device, which the writer calls once for its batch. The
+    copy is taken now: what the model does with the tensor later on the same stream comes after
+    it."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, tensor: Any):
+        super().__init__(tensor.shape, _synchronizer(tensor.device))
+        self.host = tensor.to("cpu", non_blocking=True)
+
+    def read(self) -> np.ndarray:
+        import torch
+
+        host, self.host = self.host, None
+        if host.dtype in (torch.float16, torch.bfloat16):
+            host = host.to(torch.float32)  # exact: every float16 and bfloat16 value is a float32 one
+        return host.numpy()
+
+
+_SYNCHRONIZERS: Dict[Any, Callable[[], None]] = {}
+
+
+def _synchronizer(device: Any) -> Callable[[], None]:
+    """``torch.cuda.synchronize(device)``, one callable a device: the writer calls each distinct
+    one once a batch."""
+    wait = _SYNCHRONIZERS.get(device)
+    if wait is None:
+        import torch
+
+        wait = _SYNCHRONIZERS[device] = functools.partial(torch.cuda.synchronize, device)
+    return wait
 
 
 _DTYPE_NAMES: Dict[Any, str] = {}
@@ -228,9 +298,10 @@ def trace(
         head = modules.get(architecture.logits)
         if head is not None:
             def on_logits(_module: Any, _args: Any, output: Any) -> None:
-                values, dtype = to_numpy(first_tensor(output))
-                if values.ndim == 3:
-                    values = values[:, -1, :]  # the next-token logits, as the Rust examples record them
+                logits = first_tensor(output)
+                if logits.ndim == 3:
+                    logits = logits[:, -1, :]  # the next-token logits, as the Rust examples record them
+                values, dtype = to_numpy(logits)
                 writer.logits(values, final_layer, architecture.logits, architecture.logits,
                               wants("logits", architecture.logits, architecture.logits, final_layer), dtype=dtype)
 
@@ -243,11 +314,16 @@ def trace(
         writer.close()
 
 
-def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
-    """The position of a pass's first token: ``cache_position[0]``, else the cache's length."""
+def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[int, Pending]:
+    """The position of a pass's first token: ``cache_position[0]``, else the cache's length. A
+    CUDA tensor's first value is copied like the tensors (reading it now would wait for the
+    device)."""
     cache_position = kwargs.get("cache_position")
     if cache_position is not None:
-        return int(cache_position.reshape(-1)[0])
+        first = cache_position.reshape(-1)[:1]
+        if first.device.type in ASYNC_COPY_DEVICES:
+            return _HostCopy(first)
+        return int(first[0])
     past = kwargs.get("past_key_values")
     if past is not None and hasattr(past, "get_seq_length"):
         return int(past.get_seq_length())
@@ -285,9 +361,10 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
                 probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
                 if probs is not None:
                     values, dtype = to_numpy(probs)
-                    # On a device, analysed there (then one copy of the results); in host memory,
-                    # by the writer, with the pass's other attention tensors.
-                    rows = attention_rows(probs) if probs.device.type != "cpu" else None
+                    # A large one on a device analysed there (then one copy of the results);
+                    # the others by the writer, in host memory, with the batch's other
+                    # attention tensors.
+                    rows = attention_rows(probs) if analysed_on_device(probs) else None
                     writer.attention(values, index, attention_sub, attention_path,
                                      wants("attention", attention_sub, attention_path, index), dtype=dtype,
                                      rows=rows)

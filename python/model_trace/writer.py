@@ -4,11 +4,12 @@ PyTorch hooks of :mod:`model_trace.torch` drive it."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 from json.encoder import encode_basestring_ascii
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -46,6 +47,51 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
+
+
+class Pending:
+    """Values still on their way to host memory, given to the writer in place of an array: a
+    device's tensor being copied asynchronously (:mod:`model_trace.torch` copies CUDA tensors
+    so). The writer reads none of them before its batch is summarised; then it calls ``wait``
+    once for the whole batch (one call for all the pending values that share a ``wait``: a
+    synchronisation of their device), and only after that :meth:`read`, once each. Not an
+    array-like on purpose: ``np.asarray`` cannot read one by mistake."""
+
+    __slots__ = ("shape", "wait", "_values")
+
+    def __init__(self, shape: Sequence[int], wait: Callable[[], None]):
+        self.shape: Tuple[int, ...] = tuple(shape)
+        self.wait = wait
+        self._values: Optional[np.ndarray] = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """What the values take in host memory, as float32."""
+        return 4 * self.size
+
+    def read(self) -> np.ndarray:
+        """The values, as float32 (integers as they are): called once, after ``wait``."""
+        raise NotImplementedError
+
+    @property
+    def values(self) -> np.ndarray:
+        """What :meth:`read` gave, once the writer has waited for it."""
+        if self._values is None:
+            raise RuntimeError("model_trace: pending values read before their copy was waited for")
+        return self._values
+
+
+#: What the writer takes as a tensor's values: anything numpy reads, or values on their way.
+Values = Union[Any, Pending]
+
 
 class CaptureWriter:
     """Saves full tensors as ``STEM.tensors-NNNN.safetensors`` beside the trace, one chunk at a
@@ -103,7 +149,10 @@ class TraceWriter:
     tensors are summarised when their events are written (or when the copies kept for that
     pass ``PENDING_BYTES``), those of one length together, and the attention rows of the tensors
     with the same number of keys analysed together: at the sizes of a forward pass's tensors,
-    array operations cost mostly what a call costs.
+    array operations cost mostly what a call costs. Values may be :class:`Pending` (copies from
+    a device under way): the writer waits for them once a batch, before it reads any, and
+    until then does nothing with them (their captures, a logits row's top tokens, their
+    summaries and attention rows wait too).
     """
 
     #: Numbers held back before the completed events are written even within a pass.
@@ -142,6 +191,9 @@ class TraceWriter:
         self._rows: List[_DeferredRows] = []
         self._all_rows: List[_DeferredRows] = []
         self._pending_numbers = 0
+        #: Pending values not yet waited for, and what is to be done once they are read.
+        self._waiting: List[Pending] = []
+        self._after_wait: List[Callable[[], None]] = []
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -170,6 +222,7 @@ class TraceWriter:
     def _write_pending(self) -> None:
         if not self._pending:
             return
+        self._resolve()
         self._summarise()
         _analyse_rows(self._rows, self._numbers)
         texts = self._numbers.texts()
@@ -177,22 +230,60 @@ class TraceWriter:
         self.file.write("".join((_layer_json(event, texts) if event["event"] == "layer" else _json(event, texts)) + "\n"
                                 for event in self._pending))
         self._pending, self._numbers, self._rows, self._all_rows, self._pending_numbers = [], _PendingNumbers(), [], [], 0
+        # The layers still open (a batch written within a pass) are written with a later batch:
+        # the floats of their stages' summaries, made with this one, go with that one.
+        for frame in self.layers:
+            for stage in frame["stages"]:
+                deferred = stage["tensor"]
+                if isinstance(deferred, _DeferredSummary) and deferred.tensor.summary is not None:
+                    deferred.tensor.offset = self._numbers.floats.add(deferred.tensor.summary.floats)
+                    self._pending_numbers += deferred.tensor.summary.floats.size
+
+    def _own(self, values: Values, dtype: Optional[str]) -> Tuple[Any, str]:
+        """The writer's own float32 copy of ``values`` (a :class:`Pending`'s values are its own
+        already: they are waited for with the batch) and the name of their dtype."""
+        if isinstance(values, Pending):
+            self._waiting.append(values)
+            return values, dtype or "f32"
+        array = np.asarray(values)
+        return np.array(array, dtype=np.float32), dtype or dtype_name(array.dtype)
+
+    def _resolve(self) -> None:
+        """Waits for the batch's pending values (each distinct ``wait``, by ``==``, called once,
+        before any of them is read), reads them, then does what waited for them."""
+        waiting, self._waiting = self._waiting, []
+        if waiting:
+            for wait in dict.fromkeys(pending.wait for pending in waiting):
+                wait()
+            for pending in waiting:
+                pending._values = pending.read()
+        if self._after_wait:
+            after, self._after_wait = self._after_wait, []
+            for then in after:
+                then()
 
     def _summarise(self) -> None:
-        """Summarises the tensors kept for it, their floats added to the batch's numbers."""
+        """Summarises the tensors kept for it (and saves those to capture), their floats added
+        to the batch's numbers."""
         tensors = self._tensors
         if not tensors:
             return
-        summaries = tensor_summaries([t.values for t in tensors], [t.dtype for t in tensors], self.digest,
-                                     [t.values.shape for t in tensors])
+        self._resolve()
+        arrays = [t.values.values if isinstance(t.values, Pending) else t.values for t in tensors]
+        if self.capture is not None:
+            for tensor, array in zip(tensors, arrays):
+                if tensor.capture is not None:
+                    tensor.capture = self.capture.add(tensor.capture, as_f32(array).reshape(array.shape))
+        summaries = tensor_summaries(arrays, [t.dtype for t in tensors], self.digest, [a.shape for a in arrays])
         floats = self._numbers.floats
         for tensor, summary in zip(tensors, summaries):
             summary.capture = tensor.capture
             tensor.summary, tensor.offset, tensor.values = summary, floats.add(summary.floats), None
         self._tensors, self._tensor_bytes = [], 0
 
-    def _pending_tensor(self, array: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]) -> "_DeferredSummary":
-        """The summary, to be made with the batch, of ``array`` (the writer's own copy)."""
+    def _pending_tensor(self, array: Any, dtype: str, capture: Optional[str]) -> "_DeferredSummary":
+        """The summary, to be made with the batch, of ``array`` (the writer's own copy, or a
+        :class:`Pending`), saved as ``capture`` (a name) when not None."""
         tensor = _PendingTensor(array, dtype, capture)
         self._tensors.append(tensor)
         self._tensor_bytes += array.nbytes
@@ -220,21 +311,34 @@ class TraceWriter:
 
     def _capture(self, array: np.ndarray, what: str, layer: Optional[int], wants: bool) -> Optional[Dict[str, str]]:
         """Saves ``array`` in full when captures are on and ``wants``; where it went."""
+        name = self._capture_name(what, layer, wants)
+        return None if name is None else self.capture.add(name, as_f32(array).reshape(array.shape))  # type: ignore[union-attr]
+
+    def _capture_name(self, what: str, layer: Optional[int], wants: bool) -> Optional[str]:
+        """The name a tensor recorded now is saved under when captures are on and ``wants``
+        (it is saved when its batch is summarised, in the order recorded)."""
         if self.capture is None or not wants:
             return None
         pass_text = "none" if self.pass_index is None else str(self.pass_index)
         layer_text = "none" if layer is None else str(layer)
-        return self.capture.add(f"p{pass_text}.l{layer_text}.{what}.s{self.seq}", as_f32(array).reshape(array.shape))
+        return f"p{pass_text}.l{layer_text}.{what}.s{self.seq}"
 
 
     # -- passes --------------------------------------------------------------------------------
 
-    def begin_pass(self, position: Optional[int] = None, tracepoint: str = "forward", function: str = "") -> int:
+    def begin_pass(self, position: Union[int, Pending, None] = None, tracepoint: str = "forward",
+                   function: str = "") -> int:
+        """``position``: the pass's first token's (default: the pass's index), or a
+        :class:`Pending` whose first value it is."""
         if self.pass_index is not None:
             self.end_pass()
         self.pass_index = self.passes
         self.passes += 1
-        self.pass_position = self.pass_index if position is None else int(position)
+        if isinstance(position, Pending):
+            self._waiting.append(position)
+            self.pass_position: Any = _DeferredInteger(position)
+        else:
+            self.pass_position = self.pass_index if position is None else int(position)
         self.pass_start = self.now_ns()
         self.pass_layers = 0
         self._queue({
@@ -289,17 +393,15 @@ class TraceWriter:
             "stages": [],
         })
 
-    def stage(self, name: str, values: Any, wants_capture: bool = False, dtype: Optional[str] = None) -> None:
+    def stage(self, name: str, values: Values, wants_capture: bool = False, dtype: Optional[str] = None) -> None:
         """A stage (or ``input``/``output``) of the innermost open layer. Its summary is made with
-        the batch, from a copy of the values taken now."""
+        the batch, from a copy of the values taken now (or from a :class:`Pending`)."""
         if not self.layers:
             return
         frame = self.layers[-1]
         seq = self.next_seq()
-        array = np.asarray(values)
-        dtype = dtype or dtype_name(array.dtype)
-        array = np.array(array, dtype=np.float32)
-        tensor = self._pending_tensor(array, dtype, self._capture(array, name, frame["layer"], wants_capture))
+        array, dtype = self._own(values, dtype)
+        tensor = self._pending_tensor(array, dtype, self._capture_name(name, frame["layer"], wants_capture))
         frame["stages"].append({"seq": seq, "name": name, "tensor": tensor})
 
     def stage_summary(self, name: str, summary: Dict[str, Any]) -> None:
@@ -320,18 +422,16 @@ class TraceWriter:
 
     # -- records -------------------------------------------------------------------------------
 
-    def attention(self, probs: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
+    def attention(self, probs: Values, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
                   top_k: int = 10, weight_threshold: float = 0.01, dtype: Optional[str] = None,
                   rows: Optional[AttentionRows] = None) -> None:
         """Attention probabilities ``[batch, heads, q, k]``: the summary and every row, sparsely.
         ``rows``: the rows already analysed (:func:`model_trace.attention.attention_rows`, as
-        :mod:`model_trace.torch` does for a tensor on a device); else they are analysed with the
-        batch, from a copy of the values taken now."""
-        array = np.asarray(probs)
-        dtype = dtype or dtype_name(array.dtype)
-        array = np.array(array, dtype=np.float32)
+        :mod:`model_trace.torch` does for a large tensor on a device); else they are analysed with
+        the batch, from a copy of the values taken now (or from a :class:`Pending`)."""
+        array, dtype = self._own(probs, dtype)
         seq = self.next_seq()
-        summary = self._pending_tensor(array, dtype, self._capture(array, "attention", layer, wants_capture))
+        summary = self._pending_tensor(array, dtype, self._capture_name("attention", layer, wants_capture))
         deferred = _DeferredRows(int(layer), rows if rows is not None else (array, top_k, weight_threshold))
         self._all_rows.append(deferred)
         if rows is None:
@@ -350,26 +450,20 @@ class TraceWriter:
             "rows": deferred,
         })
 
-    def logits(self, logits: Any, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
+    def logits(self, logits: Values, layer: int, tracepoint: str, function: str, wants_capture: bool = False,
                top_k: int = 5, dtype: Optional[str] = None) -> None:
         """Logits ``[vocab]``, ``[batch, vocab]`` or ``[batch, seq, vocab]``: the summary and the
-        next-token row of each batch row."""
+        next-token row of each batch row (of a :class:`Pending`, once it is read)."""
         self._ensure_pass()
-        array = np.asarray(logits)
-        dtype = dtype or dtype_name(array.dtype)
-        array = np.array(array, dtype=np.float32)
+        array, dtype = self._own(logits, dtype)
         seq = self.next_seq()
-        summary = self._pending_tensor(array, dtype, self._capture(array, "logits", layer, wants_capture))
-        if array.ndim == 1:
-            array = array[None, None]
-        elif array.ndim == 2:
-            array = array[:, None]
-        rows = []
-        for b in range(array.shape[0]):
-            row = array[b, -1]
-            best = top_tokens(row, top_k)
-            rows.append({"batch": b, "top_tokens": best.tolist(),
-                         "top_logits": _DeferredList(self._numbers.floats.add(row[best]), best.size)})
+        rows: List[Dict[str, Any]] = []
+        if isinstance(array, Pending):
+            # Before the summary is asked for: that can summarise the batch, waiting for the values.
+            self._after_wait.append(lambda: self._logit_rows(array.values, top_k, rows))
+        else:
+            self._logit_rows(array, top_k, rows)
+        summary = self._pending_tensor(array, dtype, self._capture_name("logits", layer, wants_capture))
         self._queue({
             "event": "logits",
             "seq": seq,
@@ -381,10 +475,24 @@ class TraceWriter:
             "batch_rows": rows,
         })
 
+    def _logit_rows(self, array: np.ndarray, top_k: int, rows: List[Dict[str, Any]]) -> None:
+        """Appends to ``rows`` the top tokens of the next-token row of each batch row of
+        ``array``, their logits added to the batch's numbers."""
+        if array.ndim == 1:
+            array = array[None, None]
+        elif array.ndim == 2:
+            array = array[:, None]
+        for b in range(array.shape[0]):
+            row = array[b, -1]
+            best = top_tokens(row, top_k)
+            rows.append({"batch": b, "top_tokens": best.tolist(),
+                         "top_logits": _DeferredList(self._numbers.floats.add(row[best]), best.size)})
+
     def close(self) -> None:
         if self.closed:
             return
         self.end_pass()
+        self._summarise()  # the captures of tensors recorded outside a pass, before the last chunk
         if self.capture is not None:
             self.capture.flush()
         self._queue({"event": "session_end", "seq": self.next_seq(), "end_ns": self.now_ns(),
@@ -407,12 +515,13 @@ def top_tokens(logits: np.ndarray, count: int) -> np.ndarray:
 
 
 class _PendingTensor:
-    """A tensor's values (the writer's copy) until it is summarised, then its summary and where
-    its floats are among the batch's numbers."""
+    """A tensor's values (the writer's copy, or a :class:`Pending`) and the name to capture it
+    under until it is summarised, then its summary, where it was captured and where its floats
+    are among the batch's numbers."""
 
     __slots__ = ("values", "dtype", "capture", "summary", "offset")
 
-    def __init__(self, values: np.ndarray, dtype: str, capture: Optional[Dict[str, str]]):
+    def __init__(self, values: Any, dtype: str, capture: Any):
         self.values, self.dtype, self.capture = values, dtype, capture
         self.summary: Optional[Summary] = None
         self.offset = 0
@@ -467,6 +576,16 @@ class _DeferredSummary(_Deferred):
 
     def json(self, texts: _Texts) -> str:
         return self.tensor.summary.json(texts.floats, self.tensor.offset)  # type: ignore[union-attr]
+
+
+class _DeferredInteger(_Deferred):
+    """An integer that is the first of a :class:`Pending`'s values (a pass's position)."""
+
+    def __init__(self, pending: Pending):
+        self.pending = pending
+
+    def json(self, texts: _Texts) -> str:
+        return str(int(self.pending.values.reshape(-1)[0]))
 
 
 class _DeferredList(_Deferred):
@@ -568,6 +687,9 @@ def _analyse_rows(pending: List[_DeferredRows], numbers: _PendingNumbers) -> Non
     groups: Dict[Any, List[_DeferredRows]] = {}
     for deferred in pending:
         probs, top_k, threshold = deferred.rows
+        if isinstance(probs, Pending):
+            probs = probs.values
+            deferred.rows = (probs, top_k, threshold)
         groups.setdefault((probs.shape[-1] if probs.ndim else 0, top_k, threshold), []).append(deferred)
     for (_, top_k, threshold), members in groups.items():
         analysed = attention_rows_of_many([deferred.rows[0] for deferred in members], top_k, threshold)

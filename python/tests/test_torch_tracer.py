@@ -54,3 +54,110 @@ def test_attention_events_name_the_attention_module(tiny_llama, tmp_path):
 def test_captures_follow_the_filter(tiny_llama, tmp_path, capture, expected):
     _, events = traced(tiny_llama, tmp_path / "t.ndjson", capture=capture)
     assert captured(events) == expected
+
+
+def test_attention_is_analysed_on_its_device_only_when_large():
+    from types import SimpleNamespace
+
+    def probs(device, elements):
+        return SimpleNamespace(device=SimpleNamespace(type=device), numel=lambda: elements)
+
+    threshold = model_trace.torch.DEVICE_ANALYSIS_MIN_ELEMENTS
+    assert not model_trace.torch.analysed_on_device(probs("cpu", 10 * threshold))
+    assert not model_trace.torch.analysed_on_device(probs("cuda", 1 * 9 * 1 * 17))  # a decode step's
+    assert not model_trace.torch.analysed_on_device(probs("cuda", 1 * 9 * 16 * 16))  # a 16-token prefill's
+    assert not model_trace.torch.analysed_on_device(probs("cuda", threshold - 1))
+    assert model_trace.torch.analysed_on_device(probs("cuda", threshold))
+    assert model_trace.torch.analysed_on_device(probs("mps", 1 * 9 * 512 * 512))
+
+
+class CopyClock:
+    """Stands for the device: counts its synchronisations, and checks that every copy's values
+    are read after one that came after the copy began."""
+
+    def __init__(self):
+        self.waits = 0
+        self.begun = {}
+
+    def wait(self):
+        self.waits += 1
+
+
+@pytest.fixture
+def copies_of_cpu_tensors(monkeypatch):
+    """CPU tensors copied as CUDA ones are (model_trace.torch._HostCopy), the device's
+    synchronisation counted instead."""
+    clock = CopyClock()
+    host_copy = model_trace.torch._HostCopy
+    begin, read = host_copy.__init__, host_copy.read
+
+    def begun(self, tensor):
+        begin(self, tensor)
+        clock.begun[id(self)] = clock.waits
+
+    def checked_read(self):
+        assert clock.waits > clock.begun.pop(id(self)), "a copy read before the device was synchronised"
+        return read(self)
+
+    monkeypatch.setattr(model_trace.torch, "ASYNC_COPY_DEVICES", ("cpu",))
+    monkeypatch.setattr(model_trace.torch, "_synchronizer", lambda device: clock.wait)
+    monkeypatch.setattr(host_copy, "__init__", begun)
+    monkeypatch.setattr(host_copy, "read", checked_read)
+    return clock
+
+
+def timeless(events):
+    return [{k: v for k, v in e.items() if not k.endswith("_ns")} for e in events]
+
+
+def two_passes(model, path, capture="*"):
+    with torch.no_grad(), model_trace.torch.trace(model, str(path), capture=capture):
+        model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+        model(input_ids=torch.tensor([[5, 6], [7, 8]]))
+    return timeless(model_trace.read_trace(str(path))[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_asynchronous_copies_give_the_trace_of_blocking_ones(tiny_llama, tmp_path, copies_of_cpu_tensors, monkeypatch,
+                                                              dtype):
+    """The path of a CUDA tensor (copied without waiting, read after one synchronisation a
+    pass; a bfloat16 one copied as it is and widened in host memory), taken here by CPU
+    tensors: the same trace and captures as the CPU path's."""
+    model = tiny_llama.to(dtype)
+    try:
+        (tmp_path / "async").mkdir()
+        (tmp_path / "blocking").mkdir()
+        written = two_passes(model, tmp_path / "async" / "t.ndjson")
+        assert copies_of_cpu_tensors.waits == 2 and not copies_of_cpu_tensors.begun
+        monkeypatch.setattr(model_trace.torch, "ASYNC_COPY_DEVICES", ("cuda",))
+        assert written == two_passes(model, tmp_path / "blocking" / "t.ndjson")
+    finally:
+        tiny_llama.to(torch.float32)
+    assert any(e["event"] == "logits" for e in written) and sum(e["event"] == "attention" for e in written) == 6
+    from safetensors.numpy import load_file
+
+    captured = [load_file(str(tmp_path / folder / "t.tensors-0000.safetensors")) for folder in ("async", "blocking")]
+    assert captured[0].keys() == captured[1].keys() and len(captured[0]) > 20
+    assert all(captured[0][name].tobytes() == captured[1][name].tobytes() for name in captured[0])
+
+
+def test_a_device_cache_position_is_copied_like_the_tensors(copies_of_cpu_tensors, tmp_path):
+    position = model_trace.torch._position((), {"cache_position": torch.tensor([7, 8, 9])})
+    assert isinstance(position, model_trace.torch._HostCopy)
+    writer = model_trace.writer.TraceWriter(str(tmp_path / "t.ndjson"))
+    writer.begin_pass(position)
+    writer.close()
+    assert model_trace.read_trace(str(tmp_path / "t.ndjson"))[1][0]["position"] == 7
+    assert copies_of_cpu_tensors.waits == 1
+
+
+def test_attention_rows_are_the_same_analysed_on_the_device_or_with_the_batch(tiny_llama, tmp_path, monkeypatch):
+    """Rows analysed by torch on the tensor's device (here the CPU's) and rows analysed with the
+    batch in host memory, in numpy: the same trace."""
+    from model_trace.attention import _analyse, _Torch
+
+    with_batch = two_passes(tiny_llama, tmp_path / "batch.ndjson", capture=None)
+    monkeypatch.setattr(model_trace.torch, "analysed_on_device", lambda probs: True)
+    monkeypatch.setattr(model_trace.torch, "attention_rows",
+                        lambda probs: _analyse(probs.detach().to(torch.float32), 10, 0.01, _Torch(torch, probs.device)))
+    assert two_passes(tiny_llama, tmp_path / "device.ndjson", capture=None) == with_batch

@@ -127,3 +127,88 @@ def test_attention_rows_of_a_batch_are_written_as_analysed_one_tensor_at_a_time(
         expected = list(attention_rows(probs, 3 if layer == 4 else 10, 0.05).records(layer))
         assert event["rows"] == json.loads(json.dumps(expected)), layer
     assert written[0]["rows"][-1]["top_k_positions"] == [] and written[0]["rows"][-1]["top_k_weights"] == []
+
+
+class Clock:
+    """Counts the waits of the pending values below."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def wait(self):
+        self.waits += 1
+
+
+class FakeCopy:
+    """Stands for values being copied from a device: read only after a wait that came after it."""
+
+    def __new__(cls, values, clock):
+        from model_trace.writer import Pending
+
+        class Copy(Pending):
+            __slots__ = ("source", "made_at")
+
+            def read(self):
+                assert clock.waits > self.made_at, "pending values read before a wait"
+                return self.source
+
+        copy = Copy(np.shape(values), clock.wait)
+        copy.source, copy.made_at = np.array(values), clock.waits
+        return copy
+
+
+def record(path, wrap, flush_floats=None):
+    """A pass of stages, attention (two numbers of keys) and logits, and a pass of a stage,
+    each tensor given through ``wrap``; ``flush_floats``: the writer's PENDING_FLOATS."""
+    rng = np.random.default_rng(5)
+    writer = TraceWriter(str(path), capture="*")
+    if flush_floats is not None:
+        writer.PENDING_FLOATS = flush_floats
+    writer.begin_pass(wrap(np.array(4, dtype=np.int64)))
+    for layer in range(3):
+        writer.begin_layer(layer, "layer", f"layers.{layer}")
+        writer.stage("input", wrap(rng.standard_normal((1, 3, 8)).astype(np.float32)), wants_capture=layer == 1)
+        probs = rng.dirichlet(np.ones(4 + layer % 2), size=(1, 2, 3)).astype(np.float32)
+        writer.attention(wrap(probs), layer, "attn", f"layers.{layer}.attn", wants_capture=layer == 2)
+        writer.stage("attn_out", wrap(rng.standard_normal((1, 3, 8)).astype(np.float32)))
+        writer.end_layer()
+    writer.logits(wrap(rng.standard_normal((2, 11)).astype(np.float32)), 3, "lm_head", "lm_head", wants_capture=True)
+    writer.end_pass()
+    writer.begin_pass(7)
+    writer.begin_layer(0, "layer", "layers.0")
+    writer.stage("output", wrap(np.array([[1.5, np.nan, -np.inf]], dtype=np.float32)), dtype="bf16")
+    writer.end_layer()
+    writer.close()
+    return [{k: v for k, v in e.items() if not k.endswith("_ns")} for e in map(json.loads, path.read_text().splitlines()[1:])]
+
+
+@pytest.mark.parametrize("flush_floats", [None, 40])
+def test_pending_values_are_read_after_one_wait_a_batch_and_written_as_the_values(tmp_path, flush_floats):
+    """Values still being copied (:class:`model_trace.writer.Pending`) are read only after a wait,
+    one a batch however many tensors it holds, and give the trace that the values give; also
+    when the writer writes a batch within a pass (``flush_floats``)."""
+    (tmp_path / "arrays").mkdir()
+    (tmp_path / "pending").mkdir()
+    expected = record(tmp_path / "arrays" / "t.ndjson", lambda values: values, flush_floats)
+    clock = Clock()
+    written = record(tmp_path / "pending" / "t.ndjson", lambda values: FakeCopy(values, clock), flush_floats)
+    assert written == expected
+    assert expected[0]["position"] == 4 and expected[0]["event"] == "pass_begin"
+    # One a pass (its batch); written within the passes, one for each batch that holds some.
+    assert clock.waits == 2 if flush_floats is None else 2 < clock.waits < 11
+    summaries = [s["tensor"] for e in expected for s in e.get("stages", [])]
+    summaries += [e[key] for e in expected for key in ("probs", "logits") if key in e]
+    captured = sorted(summary["capture"]["tensor"] for summary in summaries if "capture" in summary)
+    from safetensors.numpy import load_file
+
+    arrays, pending = (load_file(str(tmp_path / folder / "t.tensors-0000.safetensors")) for folder in ("arrays", "pending"))
+    assert len(captured) == 3 and sorted(arrays) == sorted(pending) == captured
+    assert all(arrays[name].tobytes() == pending[name].tobytes() for name in arrays)
+
+
+def test_a_batch_written_within_a_pass_keeps_the_open_layers_stages(tmp_path):
+    """A batch written before a layer ends (the pass's numbers past PENDING_FLOATS at an
+    attention event) leaves that layer's stages to the next batch with their own numbers."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert record(tmp_path / "a" / "t.ndjson", lambda values: values, 40) == record(tmp_path / "b" / "t.ndjson", lambda values: values)
