@@ -23,7 +23,7 @@
 //!
 //! ```toml
 //! [dependencies]
-//! model-trace = "0.1"
+//! model-trace = "0.1"   # not on crates.io yet: `{ path = "../model-trace" }`, a checkout of it
 //!
 //! [features]
 //! trace = ["model-trace/enabled"]
