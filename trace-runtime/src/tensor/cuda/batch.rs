@@ -27,7 +27,7 @@ use candle_core::cuda::{CudaDevice, CudaStorageSlice, DeviceId};
 use candle_core::{DType, Tensor, TensorId};
 
 use super::kernel::{
-    backend, deal_blocks, device_address, storage_address, Launcher, Task, TaskKind, SLOT_WORDS,
+    backend, deal_blocks, device_address, Launcher, StorageAddress, Task, TaskKind, SLOT_WORDS,
 };
 use super::layout::DeviceLayout;
 use super::values::{self, Gathered};
@@ -66,14 +66,6 @@ pub(super) fn batch_of(device: &CudaDevice) -> Result<Rc<RefCell<Batch>>, Tensor
     })
 }
 
-/// Where a read's result will be, once its batch is read back.
-#[derive(Debug, Clone, Copy)]
-enum Place {
-    /// A slot of statistics.
-    Slot(usize),
-    Staged(Staged),
-}
-
 /// A range of staged bytes: the chunk and the byte range in it.
 #[derive(Debug, Clone, Copy)]
 struct Staged {
@@ -82,12 +74,14 @@ struct Staged {
     len: usize,
 }
 
-/// A read of gathered values: where they are and what to make of them.
+/// A read of gathered values: where they are, what to make of them, and how many reads of the
+/// batch take the summary (a tensor read twice is gathered and summarised once).
 struct GatherRead {
     staged: Staged,
     dtype: DType,
     shape: Vec<usize>,
     digest: bool,
+    readers: usize,
 }
 
 /// Page-locked host memory, read and written through a pointer taken once: cudarc's accessors
@@ -180,9 +174,11 @@ pub(super) struct Batch {
     staging: Vec<StagingChunk>,
     tables: Vec<TableChunk>,
     queue: Queue,
-    /// Where the tensors already read in this batch have their results: a tensor read twice
-    /// (a layer's output is the next layer's input) is read once.
-    seen: HashMap<(TensorId, TaskKind), Place>,
+    /// The tensors already read in this batch, by the slot of their statistics and the gather
+    /// read of their values (with a digest or not): a tensor read twice (a layer's output is the
+    /// next layer's input) is read once.
+    seen_stats: HashMap<TensorId, usize>,
+    seen_gathers: HashMap<(TensorId, bool), usize>,
     /// The batch's gather reads, and once it is read back, their summaries (taken by the reads
     /// as they finish).
     gathers: Vec<GatherRead>,
@@ -207,7 +203,8 @@ impl Batch {
             staging: Vec::new(),
             tables: Vec::new(),
             queue: Queue::default(),
-            seen: HashMap::new(),
+            seen_stats: HashMap::new(),
+            seen_gathers: HashMap::new(),
             gathers: Vec::new(),
             summaries: Vec::new(),
             number: 0,
@@ -233,7 +230,8 @@ impl Batch {
             for chunk in &mut self.tables {
                 chunk.used = 0;
             }
-            self.seen.clear();
+            self.seen_stats.clear();
+            self.seen_gathers.clear();
             self.gathers.clear();
             self.summaries.clear();
         }
@@ -249,21 +247,20 @@ impl Batch {
         layout: &DeviceLayout,
     ) -> Option<Result<(u64, usize), TensorError>> {
         let number = self.current();
-        if let Some(&Place::Slot(at)) = self.seen.get(&(tensor.id(), TaskKind::Stats)) {
+        if let Some(&at) = self.seen_stats.get(&tensor.id()) {
             return Some(Ok((number, at)));
         }
-        let (address, width) = storage_address(values, &self.stream)?;
+        let storage = StorageAddress::of(values, &self.stream)?;
         let at = self.slots_used;
         let (chunk, index) = (at / SLOTS_PER_CHUNK, at % SLOTS_PER_CHUNK);
         if let Err(error) = self.ready_slot_chunk(chunk) {
             return Some(Err(error));
         }
         let slot = self.slots[chunk].address + (index * SLOT_WORDS * size_of::<u64>()) as u64;
-        let task = Task::new(TaskKind::Stats, values, address, layout, slot)?;
+        let task = Task::new(TaskKind::Stats, &storage, layout, slot);
         self.slots_used += 1;
-        self.push(task, tensor, layout.count * width);
-        self.seen
-            .insert((tensor.id(), TaskKind::Stats), Place::Slot(at));
+        self.push(task, tensor, layout.count * storage.width);
+        self.seen_stats.insert(tensor.id(), at);
         Some(Ok((number, at)))
     }
 
@@ -278,22 +275,21 @@ impl Batch {
         digest: bool,
     ) -> Result<(u64, usize), TensorError> {
         let number = self.current();
-        let staged = match self.seen.get(&(tensor.id(), TaskKind::Gather)) {
-            Some(&Place::Staged(staged)) => staged,
-            _ => {
-                let staged = self.queue_gather(tensor, values, layout)?;
-                self.seen
-                    .insert((tensor.id(), TaskKind::Gather), Place::Staged(staged));
-                staged
-            }
-        };
+        if let Some(&index) = self.seen_gathers.get(&(tensor.id(), digest)) {
+            self.gathers[index].readers += 1;
+            return Ok((number, index));
+        }
+        let staged = self.queue_gather(tensor, values, layout)?;
         self.gathers.push(GatherRead {
             staged,
             dtype: tensor.dtype(),
             shape: tensor.dims().to_vec(),
             digest,
+            readers: 1,
         });
-        Ok((number, self.gathers.len() - 1))
+        let index = self.gathers.len() - 1;
+        self.seen_gathers.insert((tensor.id(), digest), index);
+        Ok((number, index))
     }
 
     fn queue_gather(
@@ -302,14 +298,17 @@ impl Batch {
         values: &CudaStorageSlice,
         layout: &DeviceLayout,
     ) -> Result<Staged, TensorError> {
-        let not_read = || TensorError::Backend("the read kernel does not take this dtype".into());
-        let (address, width) = storage_address(values, &self.stream).ok_or_else(not_read)?;
-        let len = layout.count * width;
+        let storage = StorageAddress::of(values, &self.stream).ok_or_else(|| {
+            TensorError::Backend("the read kernel does not take this dtype".into())
+        })?;
+        let len = layout.count * storage.width;
         let (chunk, start) = self.staging_range(len)?;
         let target = self.staging[chunk].address + start as u64;
-        let task =
-            Task::new(TaskKind::Gather, values, address, layout, target).ok_or_else(not_read)?;
-        self.push(task, tensor, len);
+        self.push(
+            Task::new(TaskKind::Gather, &storage, layout, target),
+            tensor,
+            len,
+        );
         Ok(Staged { chunk, start, len })
     }
 
@@ -496,21 +495,26 @@ impl Batch {
         Ok(slot)
     }
 
-    /// The summary of gather read `index` of batch `number` (each is taken once).
+    /// The summary of gather read `index` of batch `number`: a copy for each of its readers
+    /// but the last, which takes it.
     pub(super) fn gathered(
         &mut self,
         number: u64,
         index: usize,
     ) -> Result<TensorSummary, TensorError> {
         self.ready(number)?;
-        self.summaries
-            .get_mut(index)
-            .and_then(Option::take)
-            .unwrap_or_else(|| {
-                Err(TensorError::Backend(
-                    "a gathered read was finished twice".to_owned(),
-                ))
-            })
+        let finished_twice = || TensorError::Backend("a gathered read was finished twice".into());
+        let (Some(read), Some(summary)) =
+            (self.gathers.get_mut(index), self.summaries.get_mut(index))
+        else {
+            return Err(finished_twice());
+        };
+        read.readers = read.readers.saturating_sub(1);
+        if read.readers > 0 {
+            summary.clone().ok_or_else(finished_twice)?
+        } else {
+            summary.take().ok_or_else(finished_twice)?
+        }
     }
 
     /// Summarises every gather read of the batch (read back), on a few threads if they are many.

@@ -40,9 +40,9 @@ impl Gathered<'_> {
 }
 
 /// The summaries of a batch's gathered tensors, in order. A digest costs the host ~2.4 µs for
-/// 576 values (most of it the BLAKE3 fingerprint), ~0.5 ms for a SmolLM2 decode step's 210
-/// tensors, a sixth of the step on a GPU: large batches are shared among a few threads of a
-/// pool of model-trace's own, started on first use.
+/// 576 values (most of it the BLAKE3 fingerprint; one core of the development machine), ~0.5 ms
+/// for a SmolLM2 decode step's 210 tensors, a sixth of the step on an H100: large batches are
+/// shared among a few threads of a pool of model-trace's own, started on first use.
 pub(super) fn summarise(reads: &[Gathered<'_>]) -> Vec<Result<TensorSummary, TensorError>> {
     summarise_on(pool(), reads)
 }

@@ -162,12 +162,7 @@ impl Bench<'_> {
 fn finish(session: Session, config: Config) -> Result<(Option<u64>, usize), Failure> {
     let file = session.trace_file().map(Path::to_path_buf);
     let (tracer, errors) = session.finish_with_errors();
-    let tensors = tracer
-        .activation_traces()
-        .iter()
-        .flat_map(|pass| &pass.layers)
-        .map(|layer| layer.stages().count())
-        .sum();
+    let tensors = crate::tensors_recorded(&tracer);
     if let Some(first) = errors.first() {
         return Err(Failure::Failed(format!(
             "{}: {} kinds of record errors, first: {first}",

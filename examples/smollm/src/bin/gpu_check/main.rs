@@ -103,6 +103,17 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), Failure>
         .map_err(|e| Failure::Setup(format!("cannot write {}: {e}", path.display())))
 }
 
+/// Tensors the in-memory tracer holds, over every pass and layer (each layer's input, stages
+/// and output).
+pub fn tensors_recorded(tracer: &model_trace::ModelTracer) -> usize {
+    tracer
+        .activation_traces()
+        .iter()
+        .flat_map(|pass| &pass.layers)
+        .map(|layer| layer.stages().count())
+        .sum()
+}
+
 /// Median; the mean of the middle two for an even count, NaN for none.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();

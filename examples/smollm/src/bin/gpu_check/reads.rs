@@ -113,12 +113,7 @@ fn block(
         if let Some(first) = errors.first() {
             return Err(Failure::Failed(format!("{}: {first}", way.key())));
         }
-        let recorded: usize = tracer
-            .activation_traces()
-            .iter()
-            .flat_map(|pass| &pass.layers)
-            .map(|layer| layer.stages().count())
-            .sum();
+        let recorded = crate::tensors_recorded(&tracer);
         if model_trace::ENABLED && recorded != 2 * layers * passes {
             return Err(Failure::Failed(format!(
                 "{}: {recorded} tensors recorded, not {}",

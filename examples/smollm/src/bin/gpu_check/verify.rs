@@ -300,8 +300,7 @@ impl Checks {
             }
         };
         let (mean, std) = (f64::from(cpu.mean), f64::from(cpu.std));
-        let finite = cpu.count - cpu.nan_count - cpu.inf_count;
-        let rms = f64::from(cpu.l2_norm) / (finite.max(1) as f64).sqrt();
+        let rms = f64::from(cpu.l2_norm) / (cpu.finite_count().max(1) as f64).sqrt();
         let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         // Samples as the trace file keeps them: every NaN is one (`"NaN"`), whatever its bits.
         let samples = |values: &[f32]| {
