@@ -1,19 +1,21 @@
 //! Porting bugs that `model-trace diff`'s tests inject, to check that a diff against the
 //! PyTorch reference finds each where it was made. Never set in normal use: the CLI's hidden
-//! `--inject-bug NAME` sets one for the whole process.
+//! `--inject-bug NAME[@LAYER][,...]` sets them for the whole process.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+#[path = "../../shared/bug_switch.rs"]
+mod bug_switch;
+
+use bug_switch::BugSwitch;
 
 /// A bug to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Bug {
     /// Attention scores scaled by `1/d` instead of `1/√d`.
-    AttentionScaleOverD = 1,
+    AttentionScaleOverD,
     /// GELU's tanh approximation instead of the exact (erf) one.
-    GeluTanh = 2,
+    GeluTanh,
     /// The last layer's output with its tokens in reverse order (statistics unchanged).
-    ReversedTokens = 3,
+    ReversedTokens,
 }
 
 impl Bug {
@@ -28,14 +30,20 @@ impl Bug {
     }
 }
 
-static INJECTED: AtomicU8 = AtomicU8::new(0);
+static INJECTED: BugSwitch<Bug> = BugSwitch::new();
 
-/// Injects `bug` for the rest of the process.
-pub fn inject(bug: Bug) {
-    INJECTED.store(bug as u8, Ordering::Relaxed);
+/// Injects the bugs of `NAME[@LAYER][,NAME[@LAYER]...]` for the rest of the process (`NAME`
+/// alone: in every layer).
+pub fn inject_list(text: &str) -> Result<(), String> {
+    INJECTED.inject_list(text, Bug::from_name)
 }
 
-/// Whether `bug` was injected.
+/// Whether `bug` was injected, in any layer.
 pub fn injected(bug: Bug) -> bool {
-    INJECTED.load(Ordering::Relaxed) == bug as u8
+    INJECTED.injected(bug)
+}
+
+/// Whether `bug` was injected in `layer` (or in every layer).
+pub fn injected_at(bug: Bug, layer: usize) -> bool {
+    INJECTED.injected_at(bug, layer)
 }

@@ -52,8 +52,6 @@ struct Args {
     trace: TraceLevel,
     trace_out: Option<String>,
     capture: Option<String>,
-    /// Test-only (not in the usage): a porting bug to inject (`minilm::bugs`).
-    inject_bug: Option<minilm::bugs::Bug>,
 }
 
 /// `Err(String::new())` asks for the usage line alone (`--help`).
@@ -61,7 +59,6 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut words = Vec::new();
     let mut trace = TraceLevel::DEFAULT;
     let (mut trace_out, mut capture) = (None, None);
-    let mut inject_bug = None;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -98,13 +95,13 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                         .ok_or("--capture needs a pattern")?,
                 );
             }
+            // Test-only (not in the usage): the porting bugs to inject, `NAME[@LAYER][,...]`
+            // (`minilm::bugs`), for the whole process.
             "--inject-bug" => {
-                let name = inline
+                let bugs = inline
                     .or_else(|| args.next())
                     .ok_or("--inject-bug needs a name")?;
-                inject_bug = Some(
-                    minilm::bugs::Bug::from_name(&name).ok_or(format!("no bug named {name:?}"))?,
-                );
+                minilm::bugs::inject_list(&bugs)?;
             }
             "-h" | "--help" => return Err(String::new()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
@@ -121,7 +118,6 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         trace,
         trace_out,
         capture,
-        inject_bug,
     })
 }
 
@@ -153,9 +149,6 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     print_report(&report)?;
 
-    if let Some(bug) = args.inject_bug {
-        minilm::bugs::inject(bug);
-    }
     let files = weights::locate_or_fetch()?;
     let device = Device::Cpu;
     let model = Model::load(&files, &device)?;

@@ -114,6 +114,8 @@ impl Embeddings {
 /// Multi-head self-attention projections (the output projection belongs to the layer, next to
 /// the residual it feeds).
 pub struct SelfAttention {
+    /// The layer it belongs to (for the bug switch).
+    layer: usize,
     query: Linear,
     key: Linear,
     value: Linear,
@@ -122,9 +124,10 @@ pub struct SelfAttention {
 }
 
 impl SelfAttention {
-    fn load(config: &Config, vb: VarBuilder) -> Result<Self> {
+    fn load(layer: usize, config: &Config, vb: VarBuilder) -> Result<Self> {
         let hidden = config.hidden_size;
         Ok(SelfAttention {
+            layer,
             query: candle_nn::linear(hidden, hidden, vb.pp("query"))?,
             key: candle_nn::linear(hidden, hidden, vb.pp("key"))?,
             value: candle_nn::linear(hidden, hidden, vb.pp("value"))?,
@@ -147,7 +150,7 @@ impl SelfAttention {
     pub fn attention_probs(&self, hidden: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let query = self.split_heads(&self.query.forward(hidden)?)?;
         let key = self.split_heads(&self.key.forward(hidden)?)?;
-        let scale = if bugs::injected(Bug::AttentionScaleOverD) {
+        let scale = if bugs::injected_at(Bug::AttentionScaleOverD, self.layer) {
             1.0 / self.head_dim as f64
         } else {
             1.0 / (self.head_dim as f64).sqrt()
@@ -189,7 +192,7 @@ impl Layer {
         Ok(Layer {
             index,
             last: index + 1 == config.num_hidden_layers,
-            attention: SelfAttention::load(config, vb.pp("attention.self"))?,
+            attention: SelfAttention::load(index, config, vb.pp("attention.self"))?,
             attention_out: candle_nn::linear(hidden, hidden, vb.pp("attention.output.dense"))?,
             attention_norm: candle_nn::layer_norm(
                 hidden,
@@ -226,7 +229,7 @@ impl Layer {
         let resid_mid = self.attention_norm.forward(&(&attn_out + hidden)?)?;
         trace_tensor!("resid_mid", &resid_mid);
         let intermediate = self.intermediate.forward(&resid_mid)?;
-        let activated = if bugs::injected(Bug::GeluTanh) {
+        let activated = if bugs::injected_at(Bug::GeluTanh, self.index) {
             intermediate.gelu()?
         } else {
             intermediate.gelu_erf()?

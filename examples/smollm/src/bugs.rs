@@ -1,40 +1,60 @@
 //! Porting bugs that `model-trace diff`'s tests inject, to check that a diff against the
-//! PyTorch reference finds each where it was made. Never set in normal use: the CLI's hidden
-//! `--inject-bug NAME` sets one for the whole process.
+//! PyTorch reference finds each where it was made, and that isolation names the layer it was
+//! made in. Never set in normal use: the CLI's hidden `--inject-bug NAME[@LAYER][,...]` sets
+//! them for the whole process.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+#[path = "../../shared/bug_switch.rs"]
+mod bug_switch;
+
+use bug_switch::BugSwitch;
 
 /// A bug to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Bug {
     /// Rotary embeddings with the half-split pair layout (`rope`) instead of the interleaved one
     /// this GGUF's permuted Q/K weights need (`rope_i`).
-    RopeHalfSplit = 1,
+    RopeHalfSplit,
     /// The KV cache writes each decode step's keys and values one position early, over the
     /// previous token's (the prefill is right).
-    KvCacheOffByOne = 2,
+    KvCacheOffByOne,
+    /// Both RMS norms of a block with the epsilon read from the neighbouring GGUF key
+    /// (`llama.attention.head_count_kv`: 3 for SmolLM2-135M) instead of
+    /// `llama.attention.layer_norm_rms_epsilon` (1e-5).
+    RmsEpsilon,
+    /// Rotary tables of base 10,000 (Llama's default) instead of the model's 100,000.
+    RopeBase,
+    /// The MLP's gate and up projections swapped: `silu(up(x)) * gate(x)`.
+    GateUpSwapped,
 }
 
 impl Bug {
-    /// `rope-half-split`, `kv-cache-off-by-one`.
+    /// `rope-half-split`, `kv-cache-off-by-one`, `rms-eps`, `rope-base`, `gate-up-swap`.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "rope-half-split" => Some(Self::RopeHalfSplit),
             "kv-cache-off-by-one" => Some(Self::KvCacheOffByOne),
+            "rms-eps" => Some(Self::RmsEpsilon),
+            "rope-base" => Some(Self::RopeBase),
+            "gate-up-swap" => Some(Self::GateUpSwapped),
             _ => None,
         }
     }
 }
 
-static INJECTED: AtomicU8 = AtomicU8::new(0);
+static INJECTED: BugSwitch<Bug> = BugSwitch::new();
 
-/// Injects `bug` for the rest of the process.
-pub fn inject(bug: Bug) {
-    INJECTED.store(bug as u8, Ordering::Relaxed);
+/// Injects the bugs of `NAME[@LAYER][,NAME[@LAYER]...]` for the rest of the process (`NAME`
+/// alone: in every layer).
+pub fn inject_list(text: &str) -> Result<(), String> {
+    INJECTED.inject_list(text, Bug::from_name)
 }
 
-/// Whether `bug` was injected.
+/// Whether `bug` was injected, in any layer.
 pub fn injected(bug: Bug) -> bool {
-    INJECTED.load(Ordering::Relaxed) == bug as u8
+    INJECTED.injected(bug)
+}
+
+/// Whether `bug` was injected in `layer` (or in every layer).
+pub fn injected_at(bug: Bug, layer: usize) -> bool {
+    INJECTED.injected_at(bug, layer)
 }

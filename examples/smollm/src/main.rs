@@ -33,8 +33,6 @@ struct Args {
     pipeline: Option<usize>,
     trace_out: Option<String>,
     capture: Option<String>,
-    /// Test-only (not in the usage): a porting bug to inject (`smollm::bugs`).
-    inject_bug: Option<smollm::bugs::Bug>,
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -45,7 +43,6 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut logit_lens = false;
     let mut pipeline = None;
     let (mut trace_out, mut capture) = (None, None);
-    let mut inject_bug = None;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -77,11 +74,11 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--trace-out" => trace_out = Some(value("--trace-out")?),
             "--capture" => capture = Some(value("--capture")?),
+            // Test-only (not in the usage): the porting bugs to inject, `NAME[@LAYER][,...]`
+            // (`smollm::bugs`), for the whole process.
             "--inject-bug" => {
-                let name = value("--inject-bug")?;
-                inject_bug = Some(
-                    smollm::bugs::Bug::from_name(&name).ok_or(format!("no bug named {name:?}"))?,
-                );
+                let bugs = value("--inject-bug")?;
+                smollm::bugs::inject_list(&bugs)?;
             }
             "-h" | "--help" => return Err(String::new()),
             f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
@@ -103,7 +100,6 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         pipeline,
         trace_out,
         capture,
-        inject_bug,
     })
 }
 
@@ -133,9 +129,6 @@ fn run(args: &Args) -> smollm::Result<()> {
         println!("{tracepoint}");
     }
     let path = weights::locate_or_fetch()?;
-    if let Some(bug) = args.inject_bug {
-        smollm::bugs::inject(bug);
-    }
     let (mut model, mut tokenizer) = load(&path)?;
     if args.ignore_eos {
         // `greedy` stops at the tokenizer's end-of-text id; no token has this one.

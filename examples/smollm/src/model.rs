@@ -177,11 +177,23 @@ impl QuantLinear {
 pub struct RmsNorm {
     weight: Tensor,
     eps: f32,
+    /// The epsilon of [`Bug::RmsEpsilon`]: the neighbouring GGUF key's value
+    /// (`llama.attention.head_count_kv`, 3 for SmolLM2-135M) read in its place.
+    misread_eps: f32,
 }
 
 impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+
+    /// [`forward`](Self::forward), or with the misread epsilon of [`Bug::RmsEpsilon`] when it
+    /// is injected in `layer`.
+    fn forward_in(&self, x: &Tensor, layer: usize) -> Result<Tensor> {
+        if bugs::injected_at(Bug::RmsEpsilon, layer) {
+            return candle_nn::ops::rms_norm(x, &self.weight, self.misread_eps);
+        }
+        self.forward(x)
     }
 }
 
@@ -192,35 +204,68 @@ impl RmsNorm {
 pub struct Rotary {
     cos: Tensor,
     sin: Tensor,
+    /// The tables of [`Bug::RopeBase`], made when a layer first asks for them.
+    wrong_base: OnceLock<(Tensor, Tensor)>,
+    head_dim: usize,
+    context_length: usize,
 }
 
 impl Rotary {
     pub fn new(config: &Config, device: &Device) -> Result<Self> {
-        let half = config.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                1.0 / config
-                    .rope_theta
-                    .powf(2.0 * i as f32 / config.head_dim as f32)
-            })
-            .collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let positions = Tensor::arange(0u32, config.context_length as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((config.context_length, 1))?;
-        let angles = positions.matmul(&inv_freq)?;
+        let (cos, sin) = Self::tables(
+            config.rope_theta,
+            config.head_dim,
+            config.context_length,
+            device,
+        )?;
         Ok(Self {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            cos,
+            sin,
+            wrong_base: OnceLock::new(),
+            head_dim: config.head_dim,
+            context_length: config.context_length,
         })
     }
 
-    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`.
-    pub fn apply(&self, x: &Tensor, position: usize) -> Result<Tensor> {
+    /// `cos` and `sin` `[context, head_dim / 2]` of the rotation angles of base `theta`.
+    fn tables(
+        theta: f32,
+        head_dim: usize,
+        context: usize,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let positions = Tensor::arange(0u32, context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((context, 1))?;
+        let angles = positions.matmul(&inv_freq)?;
+        Ok((angles.cos()?, angles.sin()?))
+    }
+
+    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`, in
+    /// `layer` (where a bug may be injected).
+    pub fn apply(&self, x: &Tensor, position: usize, layer: usize) -> Result<Tensor> {
         let seq_len = x.dim(2)?;
-        let cos = self.cos.narrow(0, position, seq_len)?;
-        let sin = self.sin.narrow(0, position, seq_len)?;
-        if bugs::injected(Bug::RopeHalfSplit) {
+        let (cos, sin) = if bugs::injected_at(Bug::RopeBase, layer) {
+            let (cos, sin) = match self.wrong_base.get() {
+                Some(tables) => tables,
+                None => {
+                    let tables =
+                        Self::tables(10_000.0, self.head_dim, self.context_length, x.device())?;
+                    self.wrong_base.get_or_init(|| tables)
+                }
+            };
+            (cos, sin)
+        } else {
+            (&self.cos, &self.sin)
+        };
+        let cos = cos.narrow(0, position, seq_len)?;
+        let sin = sin.narrow(0, position, seq_len)?;
+        if bugs::injected_at(Bug::RopeHalfSplit, layer) {
             return candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin);
         }
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
@@ -336,6 +381,8 @@ impl KvCache {
 }
 
 pub struct Attention {
+    /// The block it belongs to (for the bug switch).
+    index: usize,
     q: QuantLinear,
     k: QuantLinear,
     v: QuantLinear,
@@ -358,8 +405,8 @@ impl Attention {
         let q = heads(self.q.forward(x)?, self.num_heads)?;
         let k = heads(self.k.forward(x)?, self.num_kv_heads)?;
         let v = heads(self.v.forward(x)?, self.num_kv_heads)?;
-        let q = self.rotary.apply(&q, position)?;
-        let k = self.rotary.apply(&k, position)?;
+        let q = self.rotary.apply(&q, position, self.index)?;
+        let k = self.rotary.apply(&k, position, self.index)?;
         let (k, v) = cache.append(&k, &v)?;
 
         let probs = self.attention_probs(&q, &k, position)?;
@@ -429,6 +476,12 @@ impl Mlp {
         let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
         self.down.forward(&(gate * self.up.forward(x)?)?)
     }
+
+    /// [`forward`](Self::forward) with gate and up swapped ([`Bug::GateUpSwapped`]).
+    fn forward_swapped(&self, x: &Tensor) -> Result<Tensor> {
+        let up = candle_nn::ops::silu(&self.up.forward(x)?)?;
+        self.down.forward(&(up * self.gate.forward(x)?)?)
+    }
 }
 
 pub struct Block {
@@ -456,15 +509,19 @@ impl Block {
     /// layers 15 to 29.
     #[trace_layer(index = self.index)]
     pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
-        let attn_in = self.attn_norm.forward(x)?;
+        let attn_in = self.attn_norm.forward_in(x, self.index)?;
         trace_tensor!("attn_in", &attn_in);
         let attn_out = self.attn.forward(&attn_in, position, cache)?;
         trace_tensor!("attn_out", &attn_out);
         let resid_mid = (x + &attn_out)?;
         trace_tensor!("resid_mid", &resid_mid);
-        let mlp_in = self.ffn_norm.forward(&resid_mid)?;
+        let mlp_in = self.ffn_norm.forward_in(&resid_mid, self.index)?;
         trace_tensor!("mlp_in", &mlp_in);
-        let mlp_out = self.mlp.forward(&mlp_in)?;
+        let mlp_out = if bugs::injected_at(Bug::GateUpSwapped, self.index) {
+            self.mlp.forward_swapped(&mlp_in)?
+        } else {
+            self.mlp.forward(&mlp_in)?
+        };
         trace_tensor!("mlp_out", &mlp_out);
         &resid_mid + &mlp_out
     }
@@ -551,6 +608,7 @@ impl Model {
                 index: i,
                 attn_norm: norm(gguf, &format!("blk.{i}.attn_norm.weight"), &config, &device)?,
                 attn: Attention {
+                    index: i,
                     q,
                     k,
                     v,
@@ -743,6 +801,7 @@ fn norm(gguf: &mut Gguf, name: &str, config: &Config, device: &Device) -> LoadRe
     Ok(RmsNorm {
         weight,
         eps: config.rms_norm_eps,
+        misread_eps: config.num_kv_heads as f32,
     })
 }
 
