@@ -558,6 +558,49 @@ pub use trace_macros::trace_quant;
 /// ```
 pub use trace_macros::trace_tensor;
 
+/// Records a stage like [`trace_tensor!`] and returns the value, so that the session's
+/// interventions can change it: `let h = trace_stage!("attn_out", h);`.
+///
+/// The value is taken by value and handed back; an intervention that selects the stage
+/// (`SessionBuilder::intervene`, `MODEL_TRACE_PATCH`; `stage=attn_out` in the selector)
+/// changes it before it is recorded and returned, so the trace shows what the program went on
+/// with. The result is `#[must_use]`: a call whose result is dropped would let the program go
+/// on with the value as it was, and the change would be lost without a word.
+///
+/// Why a macro of its own and not a form of `trace_tensor!`: `trace_tensor!("s", h)` already
+/// compiles, borrowing `h` (the macro adds the `&`), and means "record, change nothing";
+/// giving it a return value would change what existing code does. Compiled out,
+/// `trace_stage!("s", h)` is `h`.
+///
+/// ```
+/// use model_trace::{trace_layer, trace_stage, Action, ModelTracerConfig, Session};
+///
+/// #[trace_layer]
+/// fn block(x: &[f32]) -> Vec<f32> {
+///     let attn: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+///     let attn = trace_stage!("attn_out", attn);
+///     x.iter().zip(&attn).map(|(a, b)| a + b).collect()
+/// }
+///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # use model_trace::PATCH_ENV_VAR as P;
+/// # [F, O, C, P].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
+/// let session = Session::builder(ModelTracerConfig::lightweight())
+///     .intervene("stage=attn_out", Action::Zero) // ablate the attention
+///     .start()?;
+/// let out = block(&[1.0, 2.0]);
+/// let tracer = session.finish();
+/// if model_trace::ENABLED {
+///     assert_eq!(out, [1.0, 2.0]); // only the residual is left
+///     let layer = &tracer.activation_traces()[0].layers[0];
+///     assert_eq!(layer.stage("attn_out").map(|s| s.max), Some(0.0));
+/// } else {
+///     assert_eq!(out, [3.0, 6.0]);
+/// }
+/// # Ok::<(), model_trace::SessionError>(())
+/// ```
+pub use trace_macros::trace_stage;
+
 /// Records attention probabilities computed inline, like [`trace_attention`] does for a
 /// returned value: `trace_attention_value!(&probs)`, optionally with `layer = EXPR` and
 /// `name = "..."`.

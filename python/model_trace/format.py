@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .floats import NumberTexts
 
 FORMAT_NAME = "model-trace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SKETCH_DIM = 8
 SKETCH_SEED = 0x6D646C7472616365
 SAMPLE_LEN = 4

@@ -100,6 +100,12 @@ pub(crate) struct DiffArgs {
     /// one with the largest error).
     #[arg(long)]
     pub(crate) pass: Option<usize>,
+    /// The port run again with every layer fed the reference's captured input
+    /// (`MODEL_TRACE_ISOLATE=REFERENCE`): shows each layer's error inherited from the layers
+    /// before it (OTHER) beside its own (ISOLATED), names the first layer whose own error
+    /// leaves the tolerance, and exits 1 only if one does.
+    #[arg(long, value_name = "ISOLATED")]
+    pub(crate) isolated: Option<PathBuf>,
     /// Write the result as JSON on stdout instead of text.
     #[arg(long)]
     pub(crate) json: bool,

@@ -56,6 +56,10 @@ impl Diffed {
         ref_run.warn_missing_ranks();
         other_run.warn_missing_ranks();
         let mut found = Found::new(pass, &options);
+        // An isolated run was fed the reference's layer inputs: they match by construction
+        // (up to the run's own dtype), so its first divergence is sought among what the layers
+        // computed.
+        found.inputs_fed = other_run.header().isolate.is_some();
         let (ref_read, other_read) = std::thread::scope(|scope| {
             let (ref_tx, ref_rx) = sync_channel(PASSES_AHEAD);
             let (other_tx, other_rx) = sync_channel(PASSES_AHEAD);
@@ -94,6 +98,8 @@ impl Diffed {
             ranks: run.is_ranked().then_some(run.files.len()),
             tensors: read.tensors,
             cut_short: read.notes.truncation(),
+            interventions: run.header().interventions.clone(),
+            isolate: run.header().isolate.clone(),
         };
         Ok(Self {
             files: [info(&ref_run, ref_read), info(&other_run, other_read)],
@@ -115,6 +121,38 @@ impl Diffed {
     /// The compared tensors of the pass the per-layer table is about.
     pub(crate) fn table_pairs(&self) -> &[TensorComparison] {
         &self.found.table.pairs
+    }
+
+    /// The pass the per-layer table is about.
+    pub(crate) fn table_pass(&self) -> usize {
+        self.found.table.pass.unwrap_or(0)
+    }
+
+    /// The first divergence (for an isolated run, the first among what the layers computed).
+    pub(crate) fn first(&self) -> Option<&TensorComparison> {
+        self.found.first.as_ref()
+    }
+
+    /// Per layer of the table's pass, its worst tensor and that tensor's ratio; an isolated
+    /// run's layer inputs, fed from the reference, left out.
+    pub(crate) fn worst_by_layer(&self) -> BTreeMap<usize, (&TensorComparison, f64)> {
+        let mut layers: BTreeMap<usize, (&TensorComparison, f64)> = BTreeMap::new();
+        for pair in &self.found.table.pairs {
+            if self.found.inputs_fed && pair.name == "input" {
+                continue;
+            }
+            let r = ratio(pair);
+            let row = layers.entry(pair.layer).or_insert((pair, r));
+            if r > row.1 {
+                *row = (pair, r);
+            }
+        }
+        layers
+    }
+
+    /// The reference file that an isolated other trace was fed, if it is one.
+    pub(crate) fn other_isolated_from(&self) -> Option<&str> {
+        self.files[1].isolate.as_deref()
     }
 
     /// Says on stderr which per-name overrides matched no tensor (the JSON output has them
@@ -227,6 +265,9 @@ struct Found {
     names: HashSet<String>,
     track_names: bool,
     unused_overrides: Vec<UnusedOverride>,
+    /// The other trace is an isolated run: layer inputs are not candidates for the first
+    /// divergence.
+    inputs_fed: bool,
 }
 
 /// The pass of the per-layer table and its compared tensors.
@@ -357,7 +398,8 @@ impl Found {
             row.worst_ratio = row.worst_ratio.max(ratio(pair));
             if pair.verdict.is_divergence() {
                 row.diverged += 1;
-                if self.first.is_none() {
+                let fed = self.inputs_fed && pair.name == "input";
+                if self.first.is_none() && !fed {
                     self.first = Some(pair.clone());
                 }
             }
@@ -440,6 +482,10 @@ pub(crate) struct FileInfo {
     ranks: Option<usize>,
     tensors: usize,
     cut_short: Option<String>,
+    /// The interventions that changed the run (its header's); empty: none.
+    interventions: Vec<String>,
+    /// The reference whose layer inputs an isolated run was fed.
+    isolate: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -574,6 +620,20 @@ impl<'a> Report<'a> {
         for (label, info) in [("reference", &self.reference), ("other", &self.other)] {
             if let Some(cut) = &info.cut_short {
                 let _ = writeln!(out, "{}", colors.warn(&format!("{label} cut short: {cut}")));
+            }
+            if let Some(fed) = &info.isolate {
+                let _ = writeln!(
+                    out,
+                    "{label} isolated: every layer was fed the inputs {fed} captured, so its \
+                     errors are each layer's own"
+                );
+            } else if !info.interventions.is_empty() {
+                let changes = info.interventions.join("; ");
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    colors.warn(&format!("{label} changed by: {changes}"))
+                );
             }
         }
         let c = &self.compared;
@@ -818,14 +878,14 @@ fn with_shard(name: &str, shard: Option<usize>) -> String {
 }
 
 /// The ratio of a pair for tables: 0 for bit-identical, infinite for a shape mismatch.
-fn ratio(pair: &TensorComparison) -> f64 {
+pub(crate) fn ratio(pair: &TensorComparison) -> f64 {
     match pair.verdict {
         Verdict::ShapeMismatch => f64::INFINITY,
         _ => pair.worst_ratio(),
     }
 }
 
-fn ratio_text(ratio: f64) -> String {
+pub(crate) fn ratio_text(ratio: f64) -> String {
     if ratio.is_infinite() {
         "∞".to_owned()
     } else if ratio >= 100.0 {

@@ -1,24 +1,245 @@
-//! `model-trace diff REFERENCE OTHER`: where OTHER starts to differ from REFERENCE.
+//! `model-trace diff REFERENCE OTHER [--isolated ISOLATED]`: where OTHER starts to differ from
+//! REFERENCE, and with an isolated run of OTHER, which layers are wrong on their own.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+use trace_runtime::compare::TensorComparison;
 
 use crate::args::DiffArgs;
-use crate::compared::Diffed;
+use crate::compared::{ratio_text, Diffed, Report};
 use crate::load::InputError;
 use crate::outcome::Outcome;
 use crate::style::Colors;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
     let options = args.compare.options()?;
-    let diffed = Diffed::read(&args.reference, &args.other, options, args.pass)?;
-    let report = diffed.report();
+    let diffed = Diffed::read(&args.reference, &args.other, options.clone(), args.pass)?;
+    let Some(isolated_path) = &args.isolated else {
+        let report = diffed.report();
+        if args.json {
+            crate::output::emit_json(&report)?;
+        } else {
+            diffed.warn_unused_overrides();
+            crate::output::emit(&report.text(colors))?;
+        }
+        return Ok(if diffed.diverged() {
+            Outcome::Diverged
+        } else {
+            Outcome::Ok
+        });
+    };
+    // The isolated run's table is about the same pass as the other's.
+    let table_pass = Some(diffed.table_pass());
+    let isolated = Diffed::read(&args.reference, isolated_path, options, table_pass)?;
+    let warning = fed_from_elsewhere(&args.reference, isolated_path, &isolated);
+    let local = Local::new(&diffed, &isolated, warning);
     if args.json {
-        crate::output::emit_json(&report)?;
+        crate::output::emit_json(&Combined {
+            report: diffed.report(),
+            isolated: isolated.report(),
+            local: &local,
+        })?;
     } else {
         diffed.warn_unused_overrides();
-        crate::output::emit(&report.text(colors))?;
+        let mut text = diffed.report().text(colors);
+        local.text(&mut text, colors);
+        crate::output::emit(&text)?;
     }
-    Ok(if diffed.diverged() {
+    Ok(if local.first_local_divergence.is_some() {
         Outcome::Diverged
     } else {
         Outcome::Ok
+    })
+}
+
+/// What `diff --json --isolated` writes: the report of OTHER, the report of ISOLATED, and the
+/// comparison of the two per layer.
+#[derive(Serialize)]
+struct Combined<'a> {
+    #[serde(flatten)]
+    report: Report<'a>,
+    /// `diff REFERENCE ISOLATED`, as `diff` alone would write it.
+    isolated: Report<'a>,
+    #[serde(flatten)]
+    local: &'a Local<'a>,
+}
+
+/// Each layer's error inherited (OTHER against the reference) and its own (ISOLATED against
+/// the reference), in one pass.
+#[derive(Serialize)]
+struct Local<'a> {
+    /// `{pass, layer, stage}` of the first tensor a layer computed out of tolerance when fed
+    /// the reference's input, in the reference's execution order; `null`: every layer is
+    /// within tolerance on its own.
+    first_local_divergence: Option<Place<'a>>,
+    /// The pass of the table.
+    local_table_pass: usize,
+    /// Per layer: the worst tensor of OTHER and of ISOLATED, and their ratios to the tolerance.
+    local_layers: Vec<LocalRow<'a>>,
+    /// The isolated run was fed another file than REFERENCE (said, not refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation_warning: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Place<'a> {
+    pass: usize,
+    layer: usize,
+    stage: &'a str,
+    ratio: f64,
+    relative_error: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct LocalRow<'a> {
+    layer: usize,
+    inherited: Option<Worst<'a>>,
+    local: Option<Worst<'a>>,
+}
+
+#[derive(Serialize)]
+struct Worst<'a> {
+    stage: &'a str,
+    ratio: f64,
+    relative_error: Option<f64>,
+}
+
+impl<'a> Worst<'a> {
+    fn new((pair, ratio): (&'a TensorComparison, f64)) -> Self {
+        Self {
+            stage: &pair.name,
+            ratio,
+            relative_error: pair.error.relative_error,
+        }
+    }
+}
+
+impl<'a> Local<'a> {
+    fn new(other: &'a Diffed, isolated: &'a Diffed, isolation_warning: Option<String>) -> Self {
+        let (inherited, local) = (other.worst_by_layer(), isolated.worst_by_layer());
+        let layers: BTreeSet<usize> = inherited.keys().chain(local.keys()).copied().collect();
+        Self {
+            first_local_divergence: isolated.first().map(|pair| Place {
+                pass: pair.pass,
+                layer: pair.layer,
+                stage: &pair.name,
+                ratio: crate::compared::ratio(pair),
+                relative_error: pair.error.relative_error,
+            }),
+            local_table_pass: isolated.table_pass(),
+            local_layers: layers
+                .into_iter()
+                .map(|layer| LocalRow {
+                    layer,
+                    inherited: inherited.get(&layer).copied().map(Worst::new),
+                    local: local.get(&layer).copied().map(Worst::new),
+                })
+                .collect(),
+            isolation_warning,
+        }
+    }
+
+    fn text(&self, out: &mut String, colors: &Colors) {
+        let _ = writeln!(out);
+        if let Some(warning) = &self.isolation_warning {
+            let _ = writeln!(out, "{}", colors.warn(&format!("warning: {warning}")));
+        }
+        match &self.first_local_divergence {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    colors.good(
+                        "no layer is wrong on its own: fed the reference's input, every layer \
+                         stays within tolerance (what diverged above is inherited drift)"
+                    )
+                );
+            }
+            Some(place) => {
+                let _ = writeln!(
+                    out,
+                    "{} pass {}, layer {}, {}: fed the reference's input, this layer's {} is \
+                     {} the tolerance",
+                    colors.bad("first layer wrong on its own:"),
+                    place.pass,
+                    place.layer,
+                    colors.bold(place.stage),
+                    place.stage,
+                    ratio_text(place.ratio)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            colors.bold(&format!(
+                "layer  inherited (pass {})                local, isolated",
+                self.local_table_pass
+            ))
+        );
+        let cell = |worst: &Option<Worst<'_>>| match worst {
+            None => format!("{:<31}", "-"),
+            Some(w) => {
+                let error = w
+                    .relative_error
+                    .map_or_else(|| "-".to_owned(), |e| format!("{e:.2e}"));
+                format!("{:<12} {:>7} {:>10}", w.stage, ratio_text(w.ratio), error)
+            }
+        };
+        for row in &self.local_layers {
+            let own = row.local.as_ref().is_some_and(|w| w.ratio > 1.0);
+            let verdict = if own {
+                colors.bad("wrong on its own")
+            } else if row.inherited.as_ref().is_some_and(|w| w.ratio > 1.0) {
+                colors.dim("inherited")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "{:>5}  {}   {}   {verdict}",
+                row.layer,
+                cell(&row.inherited),
+                cell(&row.local)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            colors.dim(
+                "(each side: the layer's worst tensor, its ratio to the tolerance and ‖b − a‖/‖a‖; \
+                 local: the same layer fed the reference's input, its inputs left out)"
+            )
+        );
+    }
+}
+
+/// A warning when the isolated run was fed another reference than the one compared with, or
+/// is no isolated run at all.
+fn fed_from_elsewhere(reference: &Path, isolated_path: &Path, isolated: &Diffed) -> Option<String> {
+    let Some(fed) = isolated.other_isolated_from() else {
+        return Some(format!(
+            "{} is no isolated run (its header names no reference it was fed): its errors are \
+             not each layer's own (run the port with MODEL_TRACE_ISOLATE={})",
+            isolated_path.display(),
+            reference.display()
+        ));
+    };
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    // The header names the path as the run was given it, relative to where it ran.
+    let fed_path = Path::new(fed);
+    let by_name = fed_path.file_name() == reference.file_name();
+    (!same(fed_path, reference) && !by_name).then(|| {
+        format!(
+            "{} was fed the inputs of {fed}, not of {}",
+            isolated_path.display(),
+            reference.display()
+        )
     })
 }

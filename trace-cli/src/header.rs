@@ -101,7 +101,17 @@ pub(crate) fn describe_header(
         "{} {filter}   {} {capture}",
         colors.bold("filter:"),
         colors.bold("capture:")
-    )
+    )?;
+    if !header.interventions.is_empty() {
+        // A changed run is no run of the model as it is: said where it cannot be missed.
+        writeln!(
+            out,
+            "{} {}",
+            colors.bold("changed by:"),
+            colors.warn(&header.interventions.join("; "))
+        )?;
+    }
+    Ok(())
 }
 
 fn config_text(config: &ModelTracerConfig) -> String {

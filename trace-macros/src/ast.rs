@@ -200,6 +200,75 @@ impl TracedFn {
             _ => None,
         })
     }
+
+    /// How an intervention can change the parameter `ident`, if at all: an owned value in
+    /// place, a shared reference through a copy of its own that the parameter is shadowed
+    /// with. Not a `&mut` (the caller's tensor would change), nor a `ref` binding, nor a
+    /// reference when the output may borrow from it (a reference to the copy could not be
+    /// returned).
+    pub(crate) fn passing(&self, ident: &Ident) -> Option<Passing> {
+        let typed = self.func.sig.inputs.iter().find_map(|arg| match arg {
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(binding) if binding.ident == *ident => Some((binding, &*typed.ty)),
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        });
+        let (binding, ty) = typed?;
+        if binding.by_ref.is_some() || binding.subpat.is_some() {
+            return None;
+        }
+        match strip_parens(ty) {
+            Type::Reference(reference) if reference.mutability.is_none() => {
+                let output_may_borrow = match &self.func.sig.output {
+                    ReturnType::Default => false,
+                    ReturnType::Type(_, ty) => may_borrow(ty),
+                };
+                (!output_may_borrow).then_some(Passing::Borrowed)
+            }
+            Type::Reference(_) => None,
+            _ => Some(Passing::Owned {
+                mutable: binding.mutability.is_some(),
+            }),
+        }
+    }
+}
+
+/// How a parameter that an intervention changes is passed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Passing {
+    /// `x: T`: changed in place (the expansion rebinds it `mut` unless it is).
+    Owned { mutable: bool },
+    /// `x: &T`: shadowed with a reference to a changed copy.
+    Borrowed,
+}
+
+fn strip_parens(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(inner) => strip_parens(&inner.elem),
+        Type::Group(inner) => strip_parens(&inner.elem),
+        other => other,
+    }
+}
+
+/// Whether a value of `ty` may hold a borrow: it names a reference, a lifetime or an `impl`
+/// type (which may capture one).
+fn may_borrow(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl Visit<'_> for Finder {
+        fn visit_type_reference(&mut self, _: &syn::TypeReference) {
+            self.0 = true;
+        }
+        fn visit_lifetime(&mut self, _: &syn::Lifetime) {
+            self.0 = true;
+        }
+        fn visit_type_impl_trait(&mut self, _: &syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    finder.visit_type(ty);
+    finder.0
 }
 
 pub(crate) fn param(arg: &FnArg) -> Param {

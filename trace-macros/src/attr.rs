@@ -241,6 +241,8 @@ pub(crate) struct InlineInput {
 /// What an inline macro records, with its arguments.
 pub(crate) enum Inline {
     Tensor(LitStr),
+    /// `trace_stage!`: a stage that returns its value, which an intervention may change.
+    Stage(LitStr),
     Attention(ValueArgs),
     Logits(ValueArgs),
 }
@@ -258,6 +260,11 @@ fn parse_inline_input(mac: InlineMacro, input: ParseStream) -> syn::Result<Inlin
             let stage = parse_stage(input)?;
             let (value, NoArgs {}) = value_then_args(display, input)?;
             (value, Inline::Tensor(stage))
+        }
+        InlineMacro::Stage => {
+            let stage = parse_stage(input)?;
+            let (value, NoArgs {}) = value_then_args(display, input)?;
+            (value, Inline::Stage(stage))
         }
         InlineMacro::AttentionValue => {
             let (value, args) = value_then_args(display, input)?;

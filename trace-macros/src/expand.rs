@@ -11,13 +11,13 @@
 //! followed by the recording of the output. Nothing is wrapped in a closure. The function also
 //! registers the lines it spans, from which the inline macros inside it learn its name.
 
-use crate::ast::{parse_fn, MaybeFn, Output, Param, TracedFn};
+use crate::ast::{parse_fn, MaybeFn, Output, Param, Passing, TracedFn};
 use crate::attr::{FnArgs, Inline, InlineInput, KvCacheArgs};
 use crate::errors::both;
 use crate::kind::{InlineMacro, Kind, Macro};
 use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{quote, quote_spanned, ToTokens};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned as _;
 use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprBreak, ExprPath, Ident, Item, Lifetime, LitStr, Token};
@@ -252,12 +252,16 @@ impl TracedFn {
             let label = body_label();
             quote!(#label:)
         });
+        // A layer's output can be changed by an intervention.
+        let mutability = matches!(self.args, FnArgs::Layer(_)).then(|| quote!(mut));
         match &self.output {
             Output::Nothing => quote!(#label #block),
-            Output::Value { ty, annotate: true } => quote!(let __trace_out: #ty = #label #block;),
+            Output::Value { ty, annotate: true } => {
+                quote!(let #mutability __trace_out: #ty = #label #block;)
+            }
             Output::Value {
                 annotate: false, ..
-            } => quote!(let __trace_out = #label #block;),
+            } => quote!(let #mutability __trace_out = #label #block;),
         }
     }
 
@@ -295,19 +299,107 @@ impl TracedFn {
 
     fn layer_guard(&self, index: Option<&Expr>, input: Option<&Expr>) -> TokenStream {
         let index = Conversion::Index.option(index);
-        let input = input.map_or_else(
-            || first_tensor(&self.input_candidates().collect::<Vec<_>>()),
-            probe,
-        );
+        let candidates: Vec<&Ident> = match input {
+            None => self.input_candidates().collect(),
+            // `input = x` or `input = &x` naming a parameter can be replaced as that parameter.
+            Some(expr) => param_named(expr)
+                .and_then(|name| self.input_candidates().find(|ident| **ident == name))
+                .into_iter()
+                .collect(),
+        };
+        let probe_input = input.map_or_else(|| first_tensor(&candidates), probe);
         let mutability = matches!(self.output, Output::Value { .. }).then(|| quote!(mut));
-        quote! {
+        let guard = quote! {
             let __trace_active = __TRACE_CALLSITE.is_active();
             let #mutability __trace_guard = if __trace_active {
                 let __trace_index = #index;
-                ::model_trace::__private::LayerGuard::enter(&__TRACE_CALLSITE, __trace_index, #input)
+                ::model_trace::__private::LayerGuard::enter(
+                    &__TRACE_CALLSITE, __trace_index, ::core::option::Option::None)
             } else {
                 ::model_trace::__private::LayerGuard::inactive()
             };
+        };
+        if candidates.is_empty() && input.is_none() {
+            return guard;
+        }
+        let replace = self.replace_input(&candidates);
+        quote! {
+            #guard
+            #replace
+            if __trace_active {
+                __trace_guard.input(#probe_input);
+            }
+        }
+    }
+
+    /// What lets an intervention change the input: which candidate is the input (the first
+    /// that is a tensor, as the probe decides), then each candidate that can be changed
+    /// rebound to its changed value when it is the one. A candidate that cannot be changed
+    /// (see [`TracedFn::passing`]) reports so when it is the input and one asks.
+    fn replace_input(&self, candidates: &[&Ident]) -> TokenStream {
+        let passing: Vec<Option<Passing>> =
+            candidates.iter().map(|ident| self.passing(ident)).collect();
+        let cannot = quote!({
+            __trace_guard.replace_input(::core::option::Option::None);
+            usize::MAX
+        });
+        let which = candidates.iter().zip(&passing).enumerate().rev().fold(
+            cannot.clone(),
+            |otherwise, (at, (ident, passing))| {
+                let this = if passing.is_some() {
+                    quote!(#at)
+                } else {
+                    cannot.clone()
+                };
+                quote! {
+                    if ::model_trace::__private::probe!(&#ident).is_some() { #this } else { #otherwise }
+                }
+            },
+        );
+        let rebinds =
+            candidates
+                .iter()
+                .zip(&passing)
+                .enumerate()
+                .filter_map(|(at, (ident, passing))| {
+                    let copy = format_ident!("__trace_copy_{}", at);
+                    Some(match (*passing)? {
+                        Passing::Owned { mutable } => {
+                            let rebind = (!mutable).then(|| quote!(let mut #ident = #ident;));
+                            quote! {
+                            #rebind
+                            if __trace_input_at == #at {
+                                __trace_guard.replace_input(
+                                    ::model_trace::__private::probe_mut!(&mut #ident));
+                            }
+                            }
+                        }
+                        Passing::Borrowed => quote! {
+                            let #copy;
+                            let #ident = if __trace_input_at == #at {
+                                #[allow(unused_imports)]
+                                use ::model_trace::__private::{
+                                    ReplaceBorrowedOther as _, ReplaceBorrowedTensor as _,
+                                };
+                                #copy = (&&::model_trace::__private::Probe(#ident))
+                                    .__model_trace_replace_borrowed(&__trace_guard);
+                                match &#copy {
+                                    ::core::option::Option::Some(copy) => &**copy,
+                                    ::core::option::Option::None => #ident,
+                                }
+                            } else {
+                                #ident
+                            };
+                        },
+                    })
+                });
+        quote! {
+            let __trace_input_at: usize = if __trace_guard.replaces_input() {
+                #which
+            } else {
+                usize::MAX
+            };
+            #(#rebinds)*
         }
     }
 
@@ -337,9 +429,25 @@ fn model_guard(position: Option<&Expr>) -> TokenStream {
 fn layer_output() -> TokenStream {
     quote! {
         if __trace_active {
+            if __trace_guard.replaces_output() {
+                __trace_guard.replace_output(
+                    ::model_trace::__private::probe_mut!(&mut __trace_out));
+            }
             __trace_guard.output(::model_trace::__private::probe!(&__trace_out));
         }
         __trace_out
+    }
+}
+
+/// The parameter that `input = x` or `input = &x` names.
+fn param_named(expr: &Expr) -> Option<Ident> {
+    match expr {
+        Expr::Reference(reference) if reference.mutability.is_none() => {
+            param_named(&reference.expr)
+        }
+        Expr::Paren(paren) => param_named(&paren.expr),
+        Expr::Path(path) => path.path.get_ident().cloned(),
+        _ => None,
     }
 }
 
@@ -524,6 +632,7 @@ impl InlineInput {
             Inline::Tensor(stage) => quote! {
                 ::model_trace::__private::record_stage(&__TRACE_CALLSITE, #stage, #value);
             },
+            Inline::Stage(stage) => return stage_expand(&callsite, stage, &self.value),
             Inline::Attention(args) => {
                 record_value("record_attention", args.layer.as_ref(), &value)
             }
@@ -538,11 +647,12 @@ impl InlineInput {
     }
 
     /// Never runs, but uses the arguments as the traced build does, so that they are
-    /// type-checked and count as used.
+    /// type-checked and count as used. `trace_stage!` is its value.
     fn compiled_out(&self) -> TokenStream {
         let value = &self.value;
         let layer = match &self.what {
             Inline::Tensor(_) => None,
+            Inline::Stage(_) => return quote!(::model_trace::__private::keep(#value)),
             Inline::Attention(args) | Inline::Logits(args) => args.layer.as_ref(),
         };
         let layer = layer
@@ -558,7 +668,7 @@ impl InlineInput {
 
     fn kind(&self) -> Kind {
         match &self.what {
-            Inline::Tensor(_) => Kind::Tensor,
+            Inline::Tensor(_) | Inline::Stage(_) => Kind::Tensor,
             Inline::Attention(_) => Kind::Attention,
             Inline::Logits(_) => Kind::Logits,
         }
@@ -567,7 +677,7 @@ impl InlineInput {
     /// The stage, `name = "..."`, or the traced variable's name (`&self.probs` gives `probs`).
     fn tracepoint_name(&self) -> String {
         let (name, default) = match &self.what {
-            Inline::Tensor(stage) => return stage.value(),
+            Inline::Tensor(stage) | Inline::Stage(stage) => return stage.value(),
             Inline::Attention(args) => (args.name.as_ref(), "attention"),
             Inline::Logits(args) => (args.name.as_ref(), "logits"),
         };
@@ -575,6 +685,28 @@ impl InlineInput {
             .or_else(|| last_name(&self.value))
             .unwrap_or_else(|| default.to_owned())
     }
+}
+
+/// `trace_stage!`: the value, changed by the session's interventions on the stage, recorded
+/// as it is then, and returned.
+fn stage_expand(callsite: &TokenStream, stage: &LitStr, value: &Expr) -> TokenStream {
+    quote!({
+        #callsite
+        let mut __trace_value = #value;
+        if __TRACE_CALLSITE.is_active() {
+            ::model_trace::__private::replace_stage(
+                &__TRACE_CALLSITE,
+                #stage,
+                ::model_trace::__private::probe_mut!(&mut __trace_value),
+            );
+            ::model_trace::__private::record_stage(
+                &__TRACE_CALLSITE,
+                #stage,
+                ::model_trace::__private::probe!(&__trace_value),
+            );
+        }
+        ::model_trace::__private::keep(__trace_value)
+    })
 }
 
 fn record_value(record: &str, layer: Option<&Expr>, value: &TokenStream) -> TokenStream {

@@ -31,9 +31,10 @@ listed! {
 }
 
 listed! {
-    /// One of the three function-like macros.
+    /// One of the four function-like macros.
     pub(crate) enum InlineMacro {
         Tensor,
+        Stage,
         AttentionValue,
         LogitsValue,
     }
@@ -112,6 +113,7 @@ impl InlineMacro {
     pub(crate) fn display(self) -> &'static str {
         match self {
             InlineMacro::Tensor => "trace_tensor!",
+            InlineMacro::Stage => "trace_stage!",
             InlineMacro::AttentionValue => "trace_attention_value!",
             InlineMacro::LogitsValue => "trace_logits_value!",
         }
@@ -119,7 +121,7 @@ impl InlineMacro {
 
     pub(crate) fn kind(self) -> Kind {
         match self {
-            InlineMacro::Tensor => Kind::Tensor,
+            InlineMacro::Tensor | InlineMacro::Stage => Kind::Tensor,
             InlineMacro::AttentionValue => Kind::Attention,
             InlineMacro::LogitsValue => Kind::Logits,
         }

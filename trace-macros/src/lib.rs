@@ -68,6 +68,13 @@ pub fn trace_tensor(input: TokenStream) -> TokenStream {
     function_like(InlineMacro::Tensor, input)
 }
 
+/// Records an intermediate tensor as a stage and returns it, so that an intervention can
+/// change it; see `model_trace::trace_stage!`.
+#[proc_macro]
+pub fn trace_stage(input: TokenStream) -> TokenStream {
+    function_like(InlineMacro::Stage, input)
+}
+
 /// Records attention probabilities computed inline; see `model_trace::trace_attention_value!`.
 #[proc_macro]
 pub fn trace_attention_value(input: TokenStream) -> TokenStream {

@@ -94,7 +94,7 @@ pub(crate) fn check_fn(mac: Macro, func: &FnParts) -> syn::Result<()> {
 impl InlineInput {
     pub(crate) fn validate(&self) -> syn::Result<()> {
         match &self.what {
-            Inline::Tensor(stage) => check_stage_not_reserved(stage),
+            Inline::Tensor(stage) | Inline::Stage(stage) => check_stage_not_reserved(stage),
             Inline::Attention(_) | Inline::Logits(_) => Ok(()),
         }
     }

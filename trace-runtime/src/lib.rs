@@ -29,6 +29,7 @@ mod tracepoint;
 // The data path, each module importing only those above it in this list.
 mod analysis;
 mod format;
+mod intervene;
 mod record;
 mod session;
 mod sink;
@@ -46,6 +47,10 @@ pub use analysis::{
 };
 pub use config::*;
 pub use format::*;
+pub use intervene::{
+    Action, Intervention, InterventionError, InterventionSelector, InterventionSite,
+    ReferenceCaptures,
+};
 pub use record::*;
 pub use select::*;
 pub use session::*;

@@ -363,5 +363,7 @@ fn placeholder_header() -> TraceHeader {
         run: String::new(),
         rank: None,
         world_size: None,
+        interventions: Vec::new(),
+        isolate: None,
     }
 }

@@ -2,7 +2,7 @@
 //! also while a panic unwinds.
 
 use super::read::read_stage;
-use crate::session::state;
+use crate::session::state::{self, TensorPlan};
 use crate::tensor::TraceTensor;
 use crate::tracepoint::callsite::{Callsite, Interest};
 
@@ -69,13 +69,26 @@ impl Drop for ModelGuard {
 
 /// Closes a layer record on drop, also when unwinding from a panic; the record goes to the
 /// sinks with the stages recorded inside it.
+///
+/// Between [`enter`](Self::enter) and the drop, the layer's input and output can be changed by
+/// the session's interventions: generated code asks [`replaces_input`](Self::replaces_input)
+/// and [`replaces_output`](Self::replaces_output), one field each, before it does anything.
 #[must_use]
 pub struct LayerGuard {
     generation: u32,
     frame: Option<(u64, usize)>,
     record: bool,
     callsite: Option<&'static Callsite>,
+    plan: Option<TensorPlan>,
+    replaces: Replaces,
     _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Which of a layer call's tensors an intervention selects.
+#[derive(Clone, Copy, Default)]
+struct Replaces {
+    input: bool,
+    output: bool,
 }
 
 impl LayerGuard {
@@ -92,23 +105,77 @@ impl LayerGuard {
         let record = interest.records();
         let generation = state::active_generation();
         let entered = state::with_session(generation, |session| {
-            let (frame, layer) = session.enter_layer(cs.tracepoint(), index, record);
-            (frame, layer, session.plan(cs.tracepoint(), Some(layer)))
+            let tracepoint = cs.tracepoint();
+            let (frame, layer) = session.enter_layer(tracepoint, index, record);
+            let replaces = if session.has_interventions() {
+                Replaces {
+                    input: session.intervenes(tracepoint, Some(layer), "input"),
+                    output: session.intervenes(tracepoint, Some(layer), "output"),
+                }
+            } else {
+                Replaces::default()
+            };
+            (
+                frame,
+                layer,
+                session.plan(tracepoint, Some(layer)),
+                replaces,
+            )
         });
-        let Some((frame, layer, plan)) = entered else {
+        let Some((frame, layer, plan, replaces)) = entered else {
             return Self::inactive();
         };
-        if let (true, Some(input)) = (record, input) {
-            if let Some(read) = read_stage(generation, cs, "input", layer, plan, input) {
-                state::with_session(generation, |s| s.set_layer_tensor(frame, "input", read));
-            }
-        }
-        Self {
+        let guard = Self {
             generation,
             frame: Some((frame, layer)),
             record,
             callsite: Some(cs),
+            plan: Some(plan),
+            replaces,
             _not_send: std::marker::PhantomData,
+        };
+        guard.input(input);
+        guard
+    }
+
+    /// Records the layer's input, when [`enter`](Self::enter) was given none because it could
+    /// still be changed ([`replace_input`](Self::replace_input)).
+    pub fn input(&self, input: Option<&dyn TraceTensor>) {
+        let (Some((frame, layer)), Some(input), Some(cs), Some(plan), true) =
+            (self.frame, input, self.callsite, self.plan, self.record)
+        else {
+            return;
+        };
+        let generation = self.generation;
+        if let Some(read) = read_stage(generation, cs, "input", layer, plan, input) {
+            state::with_session(generation, |s| s.set_layer_tensor(frame, "input", read));
+        }
+    }
+
+    /// Whether an intervention changes this call's input.
+    pub fn replaces_input(&self) -> bool {
+        self.replaces.input
+    }
+
+    /// Whether an intervention changes this call's output.
+    pub fn replaces_output(&self) -> bool {
+        self.replaces.output
+    }
+
+    /// Applies the interventions on the input to `input` (`None`: it cannot be changed, which
+    /// is an error of the tracepoint).
+    pub fn replace_input(&self, input: Option<&mut dyn TraceTensor>) {
+        self.replace("input", input);
+    }
+
+    /// Applies the interventions on the output to `output`, before it is recorded.
+    pub fn replace_output(&self, output: Option<&mut dyn TraceTensor>) {
+        self.replace("output", output);
+    }
+
+    fn replace(&self, stage: &str, tensor: Option<&mut dyn TraceTensor>) {
+        if let (Some((_, layer)), Some(cs)) = (self.frame, self.callsite) {
+            state::intervene(self.generation, cs, Some(layer), stage, tensor);
         }
     }
 
@@ -119,6 +186,11 @@ impl LayerGuard {
             frame: None,
             record: false,
             callsite: None,
+            plan: None,
+            replaces: Replaces {
+                input: false,
+                output: false,
+            },
             _not_send: std::marker::PhantomData,
         }
     }

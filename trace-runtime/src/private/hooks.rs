@@ -54,6 +54,32 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
     }
 }
 
+/// `trace_stage!("stage", value)`, before the value is recorded: applies the session's
+/// interventions on `stage` in the enclosing layer to it (`None`: the value cannot be changed,
+/// an error when an intervention selects it). Costs one session lookup when there are none.
+pub fn replace_stage(
+    cs: &'static Callsite,
+    stage: &'static str,
+    tensor: Option<&mut dyn TraceTensor>,
+) {
+    let generation = state::active_generation();
+    let layer = state::with_session(generation, |s| {
+        s.has_interventions().then(|| s.enclosing_layer())
+    });
+    if let Some(layer) = layer.flatten() {
+        state::intervene(generation, cs, layer, stage, tensor);
+    }
+}
+
+/// What `trace_stage!` returns: its value, which the caller must go on with (an intervention
+/// may have changed it).
+#[must_use = "`trace_stage!` returns the value to go on with, which an intervention may have \
+              changed: `let h = trace_stage!(\"name\", h);`"]
+#[inline(always)]
+pub fn keep<T>(value: T) -> T {
+    value
+}
+
 /// What a "not a tensor" error adds: what is one.
 const NOT_A_TENSOR: &str = " (tensors are what implement `TraceTensor`: candle's `Tensor`, \
      ndarray's arrays, `[f32]`, `[f32; N]`, `Vec<f32>`, `TensorRef`, and references, boxes, \

@@ -16,6 +16,7 @@ mod probe;
 mod read;
 
 pub use crate::__model_trace_probe as probe;
+pub use crate::__model_trace_probe_mut as probe_mut;
 pub use crate::record::QuantType;
 pub use crate::tensor::TraceTensor;
 pub use crate::tracepoint::callsite::{Callsite, FunctionSpan, Registered};
@@ -25,6 +26,10 @@ pub use ::inventory;
 pub use args::*;
 pub use guards::{LayerGuard, ModelGuard};
 pub use hooks::{
-    record_attention, record_kv_cache, record_logits, record_quant, record_stage, KvCacheStep,
+    keep, record_attention, record_kv_cache, record_logits, record_quant, record_stage,
+    replace_stage, KvCacheStep,
 };
-pub use probe::{Probe, ProbeOther, ProbeTensor, ProbeWrapped};
+pub use probe::{
+    Probe, ProbeMut, ProbeMutOther, ProbeMutTensor, ProbeMutWrapped, ProbeOther, ProbeTensor,
+    ProbeWrapped, ReplaceBorrowedOther, ReplaceBorrowedTensor,
+};

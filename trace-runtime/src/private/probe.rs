@@ -85,3 +85,90 @@ macro_rules! __model_trace_probe {
         (&&&$crate::__private::Probe($value)).__model_trace_probe()
     }};
 }
+
+// probe_mut!: the same dispatch for a value that an intervention may change in place. The
+// wrapper holds the `&mut` in a cell so that the method, called through shared references,
+// can take it out.
+
+/// The wrapper that `probe_mut!` dispatches on.
+pub struct ProbeMut<'a, T: ?Sized>(pub std::cell::Cell<Option<&'a mut T>>);
+
+pub trait ProbeMutTensor<'a> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor>;
+}
+
+impl<'a, T: TraceTensor + 'a> ProbeMutTensor<'a> for &&&ProbeMut<'a, T> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor> {
+        self.0.take().map(|t| t as &mut dyn TraceTensor)
+    }
+}
+
+pub trait ProbeMutWrapped<'a> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor>;
+}
+
+impl<'a, T: TraceTensor + 'a, E> ProbeMutWrapped<'a> for &&ProbeMut<'a, Result<T, E>> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor> {
+        let inner = self.0.take()?;
+        inner.as_mut().ok().map(|t| t as &mut dyn TraceTensor)
+    }
+}
+
+impl<'a, T: TraceTensor + 'a> ProbeMutWrapped<'a> for &&ProbeMut<'a, Option<T>> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor> {
+        let inner = self.0.take()?;
+        inner.as_mut().map(|t| t as &mut dyn TraceTensor)
+    }
+}
+
+pub trait ProbeMutOther<'a> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor>;
+}
+
+impl<'a, T: ?Sized> ProbeMutOther<'a> for &ProbeMut<'a, T> {
+    fn __model_trace_probe_mut(self) -> Option<&'a mut dyn TraceTensor> {
+        None
+    }
+}
+
+/// `probe_mut!(&mut value)`: `Option<&mut dyn TraceTensor>`, `Some` when the value is a tensor
+/// or an `Ok`/`Some` of one, so that an intervention can change it.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __model_trace_probe_mut {
+    ($value:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::{ProbeMutOther as _, ProbeMutTensor as _, ProbeMutWrapped as _};
+        (&&&$crate::__private::ProbeMut(::core::cell::Cell::new(::core::option::Option::Some(
+            $value,
+        ))))
+            .__model_trace_probe_mut()
+    }};
+}
+
+// A borrowed input (`x: &T`) is changed in a copy of its own: the expansion shadows the
+// parameter with a reference to the copy. A tensor that can be cloned gets one; anything
+// else cannot be changed, which the guard reports as the tracepoint's error.
+
+pub trait ReplaceBorrowedTensor<'a, T> {
+    fn __model_trace_replace_borrowed(self, guard: &super::LayerGuard) -> Option<Box<T>>;
+}
+
+impl<'a, T: TraceTensor + Clone + 'a> ReplaceBorrowedTensor<'a, T> for &&Probe<'a, T> {
+    fn __model_trace_replace_borrowed(self, guard: &super::LayerGuard) -> Option<Box<T>> {
+        let mut copy = Box::new(self.0.clone());
+        guard.replace_input(Some(&mut *copy));
+        Some(copy)
+    }
+}
+
+pub trait ReplaceBorrowedOther<'a, T: ?Sized> {
+    fn __model_trace_replace_borrowed(self, guard: &super::LayerGuard) -> Option<Box<T>>;
+}
+
+impl<'a, T: ?Sized> ReplaceBorrowedOther<'a, T> for &Probe<'a, T> {
+    fn __model_trace_replace_borrowed(self, guard: &super::LayerGuard) -> Option<Box<T>> {
+        guard.replace_input(None);
+        None
+    }
+}

@@ -53,6 +53,11 @@ record_error_kinds! {
     /// Warning: a filter pattern matches none of the program's tracepoints (when the session
     /// starts).
     UnmatchedPattern = "unmatched_pattern",
+    /// An intervention asked for cannot be done: the value cannot be changed (not an owned
+    /// tensor, a type that cannot be rebuilt from values) or the action does not fit it.
+    Intervention = "intervention",
+    /// Warning: an intervention selected no tensor in the whole session (at its end).
+    UnusedIntervention = "unused_intervention",
 }
 
 impl RecordErrorKind {
@@ -61,7 +66,10 @@ impl RecordErrorKind {
     /// happens and lists them in [`Session::warnings`](crate::Session::warnings), apart from
     /// [`Session::errors`](crate::Session::errors).
     pub fn is_warning(self) -> bool {
-        matches!(self, Self::ImplicitPass | Self::UnmatchedPattern)
+        matches!(
+            self,
+            Self::ImplicitPass | Self::UnmatchedPattern | Self::UnusedIntervention
+        )
     }
 }
 

@@ -104,6 +104,9 @@ events! {
     KvCache(KvCacheEvent) = "kv_cache",
     /// Error of a quantized computation against its reference.
     Quant(QuantEvent) = "quant",
+    /// A tensor a tracepoint saw was changed (ablated, scaled, steered, or by a function of the
+    /// user's): what was changed and by how much. Schema 2 on.
+    Intervention(InterventionEvent) = "intervention",
     /// A value a tracepoint could not record, a sink that failed, or a warning (its kind says
     /// which: [`RecordErrorKind::is_warning`](crate::RecordErrorKind::is_warning)); first
     /// occurrence, the counts are in [`SessionEnd`].
@@ -129,6 +132,7 @@ impl Event {
             Event::Attention(e) => e.pass,
             Event::KvCache(e) => e.pass,
             Event::Quant(e) => e.pass,
+            Event::Intervention(e) => e.pass,
             Event::Error(e) => e.pass,
             Event::SessionEnd(_) => None,
         }
@@ -334,6 +338,43 @@ pub struct QuantEvent {
     pub function: Cow<'static, str>,
     /// The comparison (its `layer_idx` is the layer it was recorded in).
     pub error: QuantizationErrorTrace,
+}
+
+/// A tensor that a tracepoint saw was replaced before the program went on with it.
+///
+/// Written when the intervention fires, so it comes before the layer event that holds the
+/// tensor (a layer event is written when the layer returns); the layer records what it actually
+/// received and returned, the replaced values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InterventionEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// The pass, if one was open.
+    pub pass: Option<usize>,
+    /// The layer, if one was open.
+    pub layer: Option<usize>,
+    /// What was replaced: a layer's `input` or `output`, or a stage's name.
+    pub stage: Cow<'static, str>,
+    /// The tracepoint (the layer's, or the stage's).
+    pub tracepoint: Cow<'static, str>,
+    /// Its function's `module::fn` path.
+    pub function: Cow<'static, str>,
+    /// The intervention as written, `SELECTOR ACTION` (`layer=3 zero`, `stage=attn_out
+    /// scale(0.5)`; a closure's action is `closure`).
+    pub intervention: String,
+    /// Where the new values came from, for a `replace`: the reference trace and the captured
+    /// tensor (`ref.ndjson p0.l3.input`); absent for the other actions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The token positions changed, `[first, last]` inclusive; `None`: every row.
+    #[serde(default)]
+    pub positions: Option<[usize; 2]>,
+    /// L2 norm of the tensor before the intervention.
+    #[serde(with = "crate::float::single")]
+    pub before_l2: f32,
+    /// L2 norm of the change (new minus old); 0 when the values came out identical.
+    #[serde(with = "crate::float::single")]
+    pub delta_l2: f32,
 }
 
 /// What went wrong (see [`RecordError`](crate::RecordError)).

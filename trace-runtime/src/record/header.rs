@@ -9,7 +9,7 @@ use crate::tracepoint::{Tracepoint, TracepointKind};
 
 /// Version of the trace-file schema this crate writes and reads. A reader refuses a file of a
 /// newer version; `docs/trace-format.md` says what each version means.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The value of the header's `format` field.
 pub const FORMAT_NAME: &str = "model-trace";
@@ -54,6 +54,15 @@ pub struct TraceHeader {
     /// How many ranks the run has; set with `rank`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world_size: Option<usize>,
+    /// The session's interventions, each as `SELECTOR ACTION` (`MODEL_TRACE_PATCH` syntax; a
+    /// closure given in code is `closure`); empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interventions: Vec<String>,
+    /// The reference trace whose captured layer inputs every layer was fed
+    /// (`SessionBuilder::isolate`, `MODEL_TRACE_ISOLATE`): each layer's output carries that
+    /// layer's own error only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolate: Option<String>,
 }
 
 /// The thread of a session.

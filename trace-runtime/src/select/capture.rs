@@ -2,9 +2,9 @@
 //! `layer:*,pass=0,layer=3..6`.
 
 use std::fmt;
-use std::ops::Bound;
 
 use super::filter::{FilterError, TraceFilter};
+use super::range::IndexRange as Span;
 use crate::tracepoint::Tracepoint;
 
 /// Selects the tensors a session saves in full, beside its trace file.
@@ -26,13 +26,6 @@ pub struct CaptureFilter {
     tracepoints: TraceFilter,
     passes: Option<Span>,
     layers: Option<Span>,
-}
-
-/// An inclusive range of indices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
-    start: usize,
-    end: usize,
 }
 
 impl CaptureFilter {
@@ -83,7 +76,7 @@ impl CaptureFilter {
     ) -> bool {
         let within = |span: Option<Span>, index: Option<usize>| match (span, index) {
             (None, _) => true,
-            (Some(span), Some(index)) => span.start <= index && index <= span.end,
+            (Some(span), Some(index)) => span.contains(index),
             (Some(_), None) => false,
         };
         !self.is_empty()
@@ -99,71 +92,17 @@ impl fmt::Display for CaptureFilter {
     }
 }
 
-impl Span {
-    fn parse(text: &str) -> Result<Self, String> {
-        let number = |s: &str| {
-            s.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("`{s}` is not an index (expected N, A..B, A..=B, A.. or ..B)"))
-        };
-        let (start, end) = match text.split_once("..") {
-            None => {
-                let n = number(text)?;
-                (Bound::Included(n), Bound::Included(n))
-            }
-            Some((a, b)) => {
-                let start = if a.trim().is_empty() {
-                    Bound::Unbounded
-                } else {
-                    Bound::Included(number(a)?)
-                };
-                let end = match b.strip_prefix('=') {
-                    Some(b) => Bound::Included(number(b)?),
-                    None if b.trim().is_empty() => Bound::Unbounded,
-                    None => Bound::Excluded(number(b)?),
-                };
-                (start, end)
-            }
-        };
-        let start = match start {
-            Bound::Included(n) => n,
-            _ => 0,
-        };
-        let end = match end {
-            Bound::Included(n) => n,
-            Bound::Excluded(0) => return Err(format!("`{text}` is empty")),
-            Bound::Excluded(n) => n - 1,
-            Bound::Unbounded => usize::MAX,
-        };
-        if start > end {
-            return Err(format!("`{text}` is empty"));
-        }
-        Ok(Self { start, end })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tracepoint::TracepointKind;
 
-    fn tp(kind: TracepointKind, name: &'static str) -> Tracepoint {
-        Tracepoint {
-            kind,
-            name,
-            function: "forward",
-            module_path: "m",
-            file: "f.rs",
-            line: 1,
-        }
-    }
-
     #[test]
     fn patterns_and_ranges() {
         let filter =
             CaptureFilter::parse("layer:*, tensor:attn_out, pass=1..3, layer=..=4").unwrap();
-        let layer = tp(TracepointKind::Layer, "forward");
-        let stage = tp(TracepointKind::Tensor, "attn_out");
+        let layer = Tracepoint::for_test(TracepointKind::Layer, "forward");
+        let stage = Tracepoint::for_test(TracepointKind::Tensor, "attn_out");
         assert!(filter.captures(&layer, Some(1), Some(4)));
         assert!(filter.captures(&stage, Some(2), Some(0)));
         assert!(!filter.captures(&layer, Some(3), Some(0)), "3 is excluded");
@@ -172,7 +111,11 @@ mod tests {
             !filter.captures(&layer, None, Some(0)),
             "a pass range needs a pass"
         );
-        assert!(!filter.captures(&tp(TracepointKind::Tensor, "mlp_out"), Some(1), Some(0)));
+        assert!(!filter.captures(
+            &Tracepoint::for_test(TracepointKind::Tensor, "mlp_out"),
+            Some(1),
+            Some(0)
+        ));
         assert_eq!(
             filter.to_string(),
             "layer:*, tensor:attn_out, pass=1..3, layer=..=4"
@@ -189,7 +132,11 @@ mod tests {
     fn empty_captures_nothing_and_bad_ranges_are_errors() {
         let empty = CaptureFilter::parse(" ").unwrap();
         assert!(empty.is_empty());
-        assert!(!empty.captures(&tp(TracepointKind::Layer, "x"), Some(0), Some(0)));
+        assert!(!empty.captures(
+            &Tracepoint::for_test(TracepointKind::Layer, "x"),
+            Some(0),
+            Some(0)
+        ));
         for bad in [
             "pass=x",
             "layer=3..1",

@@ -327,17 +327,6 @@ fn split_kind(text: &str) -> Result<(Option<TracepointKind>, &str), String> {
 mod tests {
     use super::*;
 
-    fn tp(kind: TracepointKind, name: &'static str) -> Tracepoint {
-        Tracepoint {
-            kind,
-            name,
-            function: "forward",
-            module_path: "smollm::model",
-            file: "src/model.rs",
-            line: 1,
-        }
-    }
-
     #[test]
     fn may_admit_kind_is_false_only_when_no_pattern_can_admit_the_kind() {
         let kv_only = TraceFilter::parse("kv_cache:*").unwrap();
@@ -355,21 +344,24 @@ mod tests {
     #[test]
     fn kinds_names_paths_and_exclusions() {
         let filter = TraceFilter::parse("layer:*, *attn*").unwrap();
-        assert!(filter.admits(&tp(TracepointKind::Layer, "block")));
-        assert!(filter.admits(&tp(TracepointKind::Attention, "self_attn")));
-        assert!(!filter.admits(&tp(TracepointKind::Logits, "head")));
+        assert!(filter.admits(&Tracepoint::for_test(TracepointKind::Layer, "block")));
+        assert!(filter.admits(&Tracepoint::for_test(
+            TracepointKind::Attention,
+            "self_attn"
+        )));
+        assert!(!filter.admits(&Tracepoint::for_test(TracepointKind::Logits, "head")));
 
         let filter = TraceFilter::parse("smollm::model::*,-tensor:*").unwrap();
-        assert!(filter.admits(&tp(TracepointKind::Layer, "x")));
-        assert!(!filter.admits(&tp(TracepointKind::Tensor, "x")));
+        assert!(filter.admits(&Tracepoint::for_test(TracepointKind::Layer, "x")));
+        assert!(!filter.admits(&Tracepoint::for_test(TracepointKind::Tensor, "x")));
 
         let filter = TraceFilter::parse("-logits:*").unwrap();
-        assert!(filter.admits(&tp(TracepointKind::Layer, "x")));
-        assert!(!filter.admits(&tp(TracepointKind::Logits, "x")));
+        assert!(filter.admits(&Tracepoint::for_test(TracepointKind::Layer, "x")));
+        assert!(!filter.admits(&Tracepoint::for_test(TracepointKind::Logits, "x")));
 
         assert!(TraceFilter::parse(" , ")
             .unwrap()
-            .admits(&tp(TracepointKind::Quant, "q")));
+            .admits(&Tracepoint::for_test(TracepointKind::Quant, "q")));
     }
 
     #[test]
@@ -377,7 +369,7 @@ mod tests {
         let at = |file: &'static str, line: u32| Tracepoint {
             file,
             line,
-            ..tp(TracepointKind::Layer, "forward")
+            ..Tracepoint::for_test(TracepointKind::Layer, "forward")
         };
         let filter = TraceFilter::parse("forward@model.rs:440").unwrap();
         assert!(filter.admits(&at("src/model.rs", 440)));

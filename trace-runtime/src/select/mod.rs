@@ -6,8 +6,10 @@
 mod capture;
 mod filter;
 mod glob;
+mod range;
 mod selector;
 
 pub use capture::CaptureFilter;
 pub use filter::{FilterError, TraceFilter};
 pub(crate) use glob::glob_match;
+pub(crate) use range::IndexRange;

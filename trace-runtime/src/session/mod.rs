@@ -65,6 +65,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use errors::{RecordError, MAX_DISTINCT_ERRORS};
 
 use crate::config::ModelTracerConfig;
+use crate::intervene::{Action, Intervention, InterventionError};
 use crate::select::{CaptureFilter, FilterError, TraceFilter};
 
 use crate::format::{self, CaptureWriter, DEFAULT_CAPTURE_CHUNK_BYTES};
@@ -83,6 +84,12 @@ pub const CAPTURE_ENV_VAR: &str = "MODEL_TRACE_CAPTURE";
 /// The environment variable that names the run a session belongs to (see
 /// [`SessionBuilder::run`]).
 pub const RUN_ENV_VAR: &str = "MODEL_TRACE_RUN";
+/// The environment variable of the session's interventions (syntax on
+/// [`Intervention::parse_list`]), read by [`SessionBuilder::from_env`].
+pub const PATCH_ENV_VAR: &str = "MODEL_TRACE_PATCH";
+/// The environment variable of the reference trace that isolation replays into every layer
+/// (see [`SessionBuilder::isolate`]), read by [`SessionBuilder::from_env`].
+pub const ISOLATE_ENV_VAR: &str = "MODEL_TRACE_ISOLATE";
 
 /// Tracing on the current thread, from [`Session::start`] to [`Session::finish`].
 ///
@@ -122,6 +129,11 @@ pub enum SessionError {
     CaptureWithoutFile,
     /// The rank (given, or from `RANK` and `WORLD_SIZE`) cannot be used; says why.
     Rank(String),
+    /// `MODEL_TRACE_PATCH` does not parse.
+    Patch(InterventionError),
+    /// The reference trace of isolation (given, or from `MODEL_TRACE_ISOLATE`) cannot be
+    /// replayed: unreadable, or without captures; says why.
+    Isolate(String),
 }
 
 impl fmt::Display for SessionError {
@@ -141,6 +153,8 @@ impl fmt::Display for SessionError {
                  (set MODEL_TRACE_OUT or SessionBuilder::trace_file)",
             ),
             Self::Rank(reason) => write!(f, "rank: {reason}"),
+            Self::Patch(error) => write!(f, "{PATCH_ENV_VAR}: {error}"),
+            Self::Isolate(reason) => write!(f, "isolation: {reason}"),
         }
     }
 }
@@ -150,7 +164,8 @@ impl std::error::Error for SessionError {
         match self {
             Self::Filter(error) | Self::Capture(error) => Some(error),
             Self::CreateFile { source, .. } => Some(source),
-            Self::CaptureWithoutFile | Self::Rank(_) => None,
+            Self::Patch(error) => Some(error),
+            Self::CaptureWithoutFile | Self::Rank(_) | Self::Isolate(_) => None,
         }
     }
 }
@@ -206,6 +221,8 @@ impl Session {
             from_env: false,
             rank: RankSetting::None,
             run: None,
+            interventions: Vec::new(),
+            isolate: Setting::Unset,
         }
     }
 
@@ -374,6 +391,8 @@ pub struct SessionBuilder {
     from_env: bool,
     rank: RankSetting,
     run: Option<String>,
+    interventions: Vec<Intervention>,
+    isolate: Setting,
 }
 
 /// Where a session's rank comes from.
@@ -429,8 +448,69 @@ impl SessionBuilder {
         self
     }
 
-    /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT` and `MODEL_TRACE_CAPTURE` for what the builder
-    /// was not given explicitly.
+    /// Changes the tensors that `selector` selects with `action` before the program goes on
+    /// with them (syntax on [`InterventionSelector`]: by pass, layer, stage and token
+    /// position): ablation ([`Action::Zero`]), scaling, steering ([`Action::Add`]) or a
+    /// function of your own ([`Action::closure`]). A layer's `input` and `output` and the
+    /// stages of `trace_stage!` can be changed; a layer records what it actually received and
+    /// returned. Each change is an `intervention` event in the trace, so a trace always says
+    /// that it was changed. One that cannot be done (a value that is not an owned tensor) is
+    /// an error of the tracepoint, and one that changed nothing in the whole session a warning.
+    ///
+    /// Several interventions apply in the order given, after those of `MODEL_TRACE_PATCH`.
+    ///
+    /// # Panics
+    ///
+    /// When `selector` does not parse: it is written in code. [`Intervention::new`] returns
+    /// the error instead, for [`interventions`](Self::interventions).
+    ///
+    /// ```
+    /// # use trace_runtime as model_trace;
+    /// use model_trace::{Action, ModelTracerConfig, Session};
+    /// let session = Session::builder(ModelTracerConfig::lightweight())
+    ///     .intervene("stage=attn_out,layer=3", Action::Zero)   // ablate layer 3's attention
+    ///     .intervene("layer=10,position=4", Action::Scale(2.0)) // one token's residual, doubled
+    ///     .start()?;
+    /// # drop(session);
+    /// # Ok::<(), model_trace::SessionError>(())
+    /// ```
+    pub fn intervene(mut self, selector: &str, action: Action) -> Self {
+        match Intervention::new(selector, action) {
+            Ok(intervention) => self.interventions.push(intervention),
+            Err(error) => panic!("SessionBuilder::intervene: {error}"),
+        }
+        self
+    }
+
+    /// Feeds every layer the input that the reference trace at `path` captured for the same
+    /// pass and layer, so that each layer's output carries that layer's own error only, not
+    /// what it inherited from the layers before it: `model-trace diff REF ISOLATED` then names
+    /// the layers that are wrong themselves (and `model-trace diff REF PORT --isolated
+    /// ISOLATED` shows both errors side by side).
+    ///
+    /// The reference is any trace with its layers' inputs captured: a Rust program's run with
+    /// `MODEL_TRACE_CAPTURE=layer:*`, or transformers traced with
+    /// `model_trace.torch.trace(model, path, capture="layer:*")`. It is the intervention
+    /// `stage=input replace(REF)`, listed first, and the header's `isolate` names the file.
+    /// `MODEL_TRACE_ISOLATE` sets it when the builder reads the environment.
+    ///
+    /// A reference that cannot be read, or that has no captures, is an error when the session
+    /// starts ([`start_lenient`](Self::start_lenient): the session goes on without isolation,
+    /// and says so).
+    pub fn isolate(mut self, path: impl AsRef<Path>) -> Self {
+        self.isolate = Setting::Given(path.as_ref().to_string_lossy().into_owned());
+        self
+    }
+
+    /// Adds interventions made with [`Intervention::new`] or [`Intervention::parse_list`].
+    pub fn interventions(mut self, interventions: impl IntoIterator<Item = Intervention>) -> Self {
+        self.interventions.extend(interventions);
+        self
+    }
+
+    /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT`, `MODEL_TRACE_CAPTURE` and `MODEL_TRACE_PATCH`
+    /// for what the builder was not given explicitly (`MODEL_TRACE_PATCH`'s interventions come
+    /// before those given to the builder).
     pub fn from_env(mut self) -> Self {
         self.from_env = true;
         self
@@ -624,6 +704,37 @@ impl SessionBuilder {
                 None
             }
         };
+        let mut interventions = Vec::new();
+        if self.from_env {
+            if let Ok(text) = std::env::var(PATCH_ENV_VAR) {
+                match Intervention::parse_list(&text) {
+                    Ok(parsed) => interventions = parsed,
+                    Err(error) => refuse(
+                        SessionError::Patch(error),
+                        None,
+                        "going on without interventions",
+                    )?,
+                }
+            }
+        }
+        let (isolate_text, isolate_from_env) = self.setting(&self.isolate, ISOLATE_ENV_VAR);
+        let mut isolate = None;
+        if let Some(path) = isolate_text.filter(|path| !path.is_empty()) {
+            let replay = Action::replace(&path).and_then(|action| {
+                Intervention::new("stage=input", action).map_err(|e| e.to_string())
+            });
+            match replay {
+                Ok(replay) => {
+                    interventions.insert(0, replay);
+                    isolate = Some(path);
+                }
+                Err(reason) => refuse(
+                    SessionError::Isolate(reason),
+                    isolate_from_env,
+                    "going on without isolation: the layers get their own inputs",
+                )?,
+            }
+        }
         let (file_text, file_from_env) = self.setting(&self.trace_file, OUT_ENV_VAR);
         let mut trace_file = None;
         let mut capture_writer = None;
@@ -673,7 +784,20 @@ impl SessionBuilder {
                 ),
             ));
         }
-        let header = self.header(&filter, capture.as_ref(), rank);
+        interventions.append(&mut self.interventions);
+        for intervention in &interventions {
+            for pattern in intervention.selector().unmatched(&crate::tracepoints()) {
+                setup_errors.push((
+                    RecordErrorKind::UnmatchedPattern,
+                    format!(
+                        "intervention `{intervention}`: pattern `{pattern}` matches none of the \
+                         program's tracepoints, so it changes nothing"
+                    ),
+                ));
+            }
+        }
+        let mut header = self.header(&filter, capture.as_ref(), rank, &interventions);
+        header.isolate = isolate;
         let setup = SessionSetup {
             config: self.config,
             filter,
@@ -682,6 +806,7 @@ impl SessionBuilder {
             capture: capture_writer,
             header,
             setup_errors,
+            interventions,
         };
         let generation = state::push(SessionState::new(setup));
         Ok(Session {
@@ -757,6 +882,7 @@ impl SessionBuilder {
         filter: &TraceFilter,
         capture: Option<&CaptureFilter>,
         rank: Option<(usize, usize)>,
+        interventions: &[Intervention],
     ) -> TraceHeader {
         static SESSIONS: AtomicU64 = AtomicU64::new(1);
         TraceHeader {
@@ -778,6 +904,8 @@ impl SessionBuilder {
             run: self.run_id(),
             rank: rank.map(|(rank, _)| rank),
             world_size: rank.map(|(_, world_size)| world_size),
+            interventions: interventions.iter().map(ToString::to_string).collect(),
+            isolate: None,
         }
     }
 }

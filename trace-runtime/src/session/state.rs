@@ -17,15 +17,16 @@ use super::errors::{ErrorBook, RecordError};
 use crate::analysis::PassRecorder;
 use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::format::CaptureWriter;
+use crate::intervene::{self, Intervention, InterventionSite};
 use crate::record::RecordErrorKind;
 use crate::record::{
-    labels, ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
-    SessionEnd, StageEvent, TraceHeader,
+    labels, ErrorCount, ErrorEvent, Event, InterventionEvent, LayerActivationTrace, LayerEvent,
+    PassBegin, PassEnd, SessionEnd, StageEvent, TraceHeader,
 };
 use crate::select::{CaptureFilter, TraceFilter};
 use crate::sink::{LayerBegin, LayerEnd, ModelTracer, TraceSink};
 use crate::summary::TensorSummary;
-use crate::tensor::PendingSummary;
+use crate::tensor::{PendingSummary, TraceTensor};
 use crate::tracepoint::callsite::{Callsite, Interest};
 use crate::tracepoint::{Tracepoint, TracepointKind};
 
@@ -225,6 +226,65 @@ fn interest(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Trace
     }
 }
 
+/// Applies the interventions of the active session that select `stage` of `cs`'s tracepoint
+/// at `layer` to `tensor` (`None`: the value is not a tensor that can be changed), and writes
+/// an event for each change. The session is not borrowed while the tensor is read, changed and
+/// rebuilt. What cannot be done is an error of the tracepoint, never skipped silently.
+pub(crate) fn intervene(
+    generation: u32,
+    cs: &'static Callsite,
+    layer: Option<usize>,
+    stage: &str,
+    tensor: Option<&mut dyn TraceTensor>,
+) {
+    let tracepoint = cs.tracepoint();
+    let Some((selected, pass_position)) = with_session(generation, |s| {
+        s.has_interventions()
+            .then(|| s.interventions_for(tracepoint, layer, stage))
+    })
+    .flatten() else {
+        return;
+    };
+    if selected.is_empty() {
+        return;
+    }
+    let Some(tensor) = tensor else {
+        let text = selected[0].1.to_string();
+        cs.note_error(
+            RecordErrorKind::Intervention,
+            format!(
+                "intervention `{text}` selects `{stage}` here, which cannot be changed: not an \
+                 owned tensor (an `impl` or generic parameter, an `input = EXPR` that is no \
+                 parameter, an output borrowed from the input)"
+            ),
+        );
+        return;
+    };
+    let pass = with_session(generation, |s| s.pass_id()).flatten();
+    let shape = tensor.shape().into_owned();
+    let site = InterventionSite {
+        pass,
+        layer,
+        stage,
+        shape: &shape,
+    };
+    for (index, intervention) in selected {
+        with_session(generation, |s| s.count_selection(index));
+        match intervene::apply(&intervention, tensor, &site, pass_position) {
+            Ok(Some(applied)) => {
+                with_session(generation, |s| {
+                    s.record_intervention(index, tracepoint, layer, stage, applied);
+                });
+            }
+            Ok(None) => {}
+            Err(reason) => cs.note_error(
+                RecordErrorKind::Intervention,
+                format!("intervention `{intervention}` on `{stage}`: {reason}"),
+            ),
+        }
+    }
+}
+
 /// What a session needs to be set up: everything the builder gathered.
 pub(crate) struct SessionSetup {
     pub(crate) config: ModelTracerConfig,
@@ -235,6 +295,7 @@ pub(crate) struct SessionSetup {
     pub(crate) header: TraceHeader,
     /// Errors found while setting up (an unusable `MODEL_TRACE`), reported as the session's.
     pub(crate) setup_errors: Vec<(RecordErrorKind, String)>,
+    pub(crate) interventions: Vec<Intervention>,
 }
 
 /// A sink and whether it is still running.
@@ -314,6 +375,8 @@ pub(crate) struct SessionState {
     suspended: usize,
     /// Whether the implicit pass was warned about.
     implicit_pass_warned: bool,
+    /// The interventions, each with the number of tensors it selected.
+    interventions: Vec<(Intervention, usize)>,
     ended: bool,
 }
 
@@ -353,6 +416,7 @@ impl SessionState {
             capture,
             header,
             setup_errors,
+            interventions,
         } = setup;
         let wants_digests = sinks.iter().any(|sink| sink.wants_digests());
         let digest = if wants_digests {
@@ -390,6 +454,7 @@ impl SessionState {
             kv_steps: Vec::new(),
             suspended: 0,
             implicit_pass_warned: false,
+            interventions: interventions.into_iter().map(|i| (i, 0)).collect(),
             ended: false,
         };
         state.for_each_sink(|sink| sink.start(&header));
@@ -896,6 +961,105 @@ impl SessionState {
     }
 
     // -----------------------------------------------------------------------------------------
+    // Interventions
+    // -----------------------------------------------------------------------------------------
+
+    /// Whether the session has interventions at all: the one check a tracepoint makes when it
+    /// has none.
+    pub(crate) fn has_interventions(&self) -> bool {
+        !self.interventions.is_empty()
+    }
+
+    /// Whether an intervention selects `stage` of `tracepoint` at `layer` in the open pass.
+    pub(crate) fn intervenes(
+        &self,
+        tracepoint: &Tracepoint,
+        layer: Option<usize>,
+        stage: &str,
+    ) -> bool {
+        let pass = self.pass_id();
+        self.interventions
+            .iter()
+            .any(|(i, _)| i.selector().selects(tracepoint, pass, layer, stage))
+    }
+
+    /// The interventions that select `stage` of `tracepoint` at `layer` in the open pass, with
+    /// their index, and the pass's first token position.
+    pub(crate) fn interventions_for(
+        &self,
+        tracepoint: &Tracepoint,
+        layer: Option<usize>,
+        stage: &str,
+    ) -> (Vec<(usize, Intervention)>, usize) {
+        let pass = self.pass_id();
+        let selected = self
+            .interventions
+            .iter()
+            .enumerate()
+            .filter(|(_, (i, _))| i.selector().selects(tracepoint, pass, layer, stage))
+            .map(|(index, (i, _))| (index, i.clone()))
+            .collect();
+        (selected, self.pass.as_ref().map_or(0, |p| p.position))
+    }
+
+    /// Counts a tensor that intervention `index` selected (changed or not).
+    fn count_selection(&mut self, index: usize) {
+        if let Some((_, selected)) = self.interventions.get_mut(index) {
+            *selected += 1;
+        }
+    }
+
+    /// Writes the event of a change by intervention `index`.
+    fn record_intervention(
+        &mut self,
+        index: usize,
+        tracepoint: &'static Tracepoint,
+        layer: Option<usize>,
+        stage: &str,
+        applied: intervene::Applied,
+    ) {
+        let Some((intervention, _)) = self.interventions.get(index) else {
+            return;
+        };
+        let text = intervention.to_string();
+        let (tracepoint, function) = labels(Some(tracepoint));
+        let stage = Cow::Owned(stage.to_owned());
+        self.emit_record(|seq, pass| {
+            Event::Intervention(InterventionEvent {
+                seq,
+                pass,
+                layer,
+                stage,
+                tracepoint,
+                function,
+                intervention: text,
+                source: applied.source,
+                positions: applied.positions,
+                before_l2: applied.before_l2,
+                delta_l2: applied.delta_l2,
+            })
+        });
+    }
+
+    /// At the end: an intervention that changed nothing was most likely mistyped.
+    fn warn_unused_interventions(&mut self) {
+        let unused: Vec<String> = self
+            .interventions
+            .iter()
+            .filter(|(_, selected)| *selected == 0)
+            .map(|(intervention, _)| intervention.to_string())
+            .collect();
+        for text in unused {
+            let message = format!(
+                "intervention `{text}` selected no tensor in the whole session: nothing was \
+                 changed (check its stage=, layer= and pass=; model_trace::tracepoints() lists \
+                 the tracepoints)"
+            );
+            self.note_error(None, RecordErrorKind::UnusedIntervention, message);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
     // The end
     // -----------------------------------------------------------------------------------------
 
@@ -906,6 +1070,7 @@ impl SessionState {
             return;
         }
         self.close_pass();
+        self.warn_unused_interventions();
         if let Some((_, writer)) = &mut self.capture {
             if let Err(error) = writer.finish() {
                 let message = format!("could not save captured tensors: {error}");

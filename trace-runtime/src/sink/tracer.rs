@@ -195,7 +195,8 @@ impl ModelTracer {
             Event::Quant(quant) => self.record_quant_error(quant.error.clone()),
             Event::Error(error) => self.totals.count_error(error),
             Event::SessionEnd(end) => self.totals.errors_not_kept = end.errors_not_kept,
-            Event::Logits(_) => {}
+            // What was recorded already says what the program saw; the trace file says why.
+            Event::Logits(_) | Event::Intervention(_) => {}
         }
     }
 

@@ -158,6 +158,14 @@ impl TraceSink for TracingSink {
                 snr_db = quant.error.snr_db,
                 "quant"
             ),
+            Event::Intervention(change) => tracing::debug!(
+                target: "model_trace",
+                layer = change.layer,
+                stage = %change.stage,
+                delta_l2 = change.delta_l2,
+                "changed by `{}`",
+                change.intervention
+            ),
             Event::Error(error) => tracing::warn!(
                 target: "model_trace",
                 kind = %error.kind,

@@ -80,6 +80,16 @@ impl TraceTensor for Tensor {
         let _ = request;
         None
     }
+
+    /// A new tensor of `shape` on the same device with the same dtype (the `f32` values
+    /// converted as candle converts them: to nearest for `f16`/`bf16`). The old tensor's
+    /// storage is left alone: other handles to it keep its values.
+    fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+        super::check_count(values, shape)?;
+        let host = Tensor::from_slice(values, shape, &candle_core::Device::Cpu)?;
+        *self = host.to_dtype(self.dtype())?.to_device(self.device())?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -131,5 +141,31 @@ mod tests {
             assert_eq!(stats, TensorStats::from_slice(&widened), "{dtype:?}");
             assert_eq!((stats.nan_count, stats.inf_count), (1, 2));
         }
+    }
+
+    #[test]
+    fn overwriting_keeps_dtype_and_device_and_leaves_other_handles_alone() {
+        let original = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], (2, 2), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let mut replaced = original.clone();
+        replaced.overwrite(&[0.5, 1.5, 2.5], &[3]).unwrap();
+        assert_eq!(replaced.dtype(), DType::BF16);
+        assert_eq!(replaced.dims(), [3]);
+        let back: Vec<f32> = replaced.to_dtype(DType::F32).unwrap().to_vec1().unwrap();
+        assert_eq!(back, [0.5, 1.5, 2.5]);
+        let kept: Vec<f32> = original
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(kept, [1.0, 2.0, 3.0, 4.0]);
+        assert!(matches!(
+            replaced.overwrite(&[1.0], &[2]),
+            Err(TensorError::ShapeMismatch { .. })
+        ));
     }
 }

@@ -80,6 +80,39 @@ pub trait TraceTensor {
         let _ = request;
         None
     }
+
+    /// Replaces the tensor with `values` (row-major) of shape `shape`, keeping its element
+    /// type and device: how an intervention (patching, ablation, steering, isolation) changes
+    /// what the program goes on with. The default says the type cannot be rebuilt, which makes
+    /// an intervention on it a record error rather than a silent no-op.
+    ///
+    /// The value overwritten is the tracepoint's own copy (a clone for a borrowed input), so the
+    /// caller's tensor is never changed in place.
+    fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+        let _ = (values, shape);
+        Err(TensorError::NotRebuildable(format!(
+            "a {} tensor of this type cannot be rebuilt from values (implement \
+             `TraceTensor::overwrite`)",
+            self.dtype_name()
+        )))
+    }
+}
+
+/// `Ok` when `shape` holds exactly `values.len()` elements.
+fn check_count(values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+    let count = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| TensorError::ShapeOverflow {
+            shape: shape.to_vec(),
+        })?;
+    if count != values.len() {
+        return Err(TensorError::ShapeMismatch {
+            shape: shape.to_vec(),
+            len: values.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Why a tensor could not be read.
@@ -100,6 +133,9 @@ pub enum TensorError {
     },
     /// The backend reported an error (device, dtype conversion, layout).
     Backend(String),
+    /// The tensor cannot be replaced by other values (see [`TraceTensor::overwrite`]): its type
+    /// does not support it, or it is borrowed.
+    NotRebuildable(String),
 }
 
 impl fmt::Display for TensorError {
@@ -114,6 +150,7 @@ impl fmt::Display for TensorError {
                 write!(f, "the element count of shape {shape:?} overflows usize")
             }
             Self::Backend(message) => write!(f, "tensor backend error: {message}"),
+            Self::NotRebuildable(message) => f.write_str(message),
         }
     }
 }
@@ -132,18 +169,7 @@ impl<'a> TensorRef<'a> {
     /// Checks that `shape` describes exactly `data.len()` values; a mismatch is an error rather
     /// than a panic so that a wrong shape in user code cannot take the traced program down.
     pub fn new(data: &'a [f32], shape: &'a [usize]) -> Result<Self, TensorError> {
-        let count = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| TensorError::ShapeOverflow {
-                shape: shape.to_vec(),
-            })?;
-        if count != data.len() {
-            return Err(TensorError::ShapeMismatch {
-                shape: shape.to_vec(),
-                len: data.len(),
-            });
-        }
+        check_count(data, shape)?;
         Ok(Self { data, shape })
     }
 
@@ -193,6 +219,19 @@ impl<const N: usize> TraceTensor for [f32; N] {
     fn to_f32(&self) -> Result<Cow<'_, [f32]>, TensorError> {
         Ok(Cow::Borrowed(self))
     }
+
+    /// Any shape of `N` elements (the array stays flat).
+    fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+        check_count(values, shape)?;
+        if values.len() != N {
+            return Err(TensorError::ShapeMismatch {
+                shape: vec![N],
+                len: values.len(),
+            });
+        }
+        self.copy_from_slice(values);
+        Ok(())
+    }
 }
 
 impl TraceTensor for Vec<f32> {
@@ -206,6 +245,14 @@ impl TraceTensor for Vec<f32> {
 
     fn to_f32(&self) -> Result<Cow<'_, [f32]>, TensorError> {
         Ok(Cow::Borrowed(self))
+    }
+
+    /// Any shape (the vector stays flat).
+    fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+        check_count(values, shape)?;
+        self.clear();
+        self.extend_from_slice(values);
+        Ok(())
     }
 }
 
@@ -243,8 +290,36 @@ macro_rules! forward_trace_tensor {
             ) -> Option<Result<PendingSummary, TensorError>> {
                 (**self).start_summary(request)
             }
+
+            $crate::tensor::overwrite_through!($wrapper);
         }
     )*};
 }
+
+/// A wrapper's `overwrite`: through a box or a `&mut` to the tensor itself; a shared
+/// reference or pointer cannot change what it points to.
+macro_rules! overwrite_through {
+    (&mut T) => {
+        fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+            (**self).overwrite(values, shape)
+        }
+    };
+    (Box<T>) => {
+        fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+            (**self).overwrite(values, shape)
+        }
+    };
+    ($shared:ty) => {
+        fn overwrite(&mut self, values: &[f32], shape: &[usize]) -> Result<(), TensorError> {
+            let _ = (values, shape);
+            Err(TensorError::NotRebuildable(
+                "the value is borrowed (a reference, `Rc` or `Arc` to the tensor): return or \
+                 take the tensor itself to let it be replaced"
+                    .to_owned(),
+            ))
+        }
+    };
+}
+use overwrite_through;
 
 forward_trace_tensor!(&T, &mut T, Box<T>, std::rc::Rc<T>, std::sync::Arc<T>);

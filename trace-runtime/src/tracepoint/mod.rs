@@ -88,6 +88,21 @@ pub struct Tracepoint {
     pub line: u32,
 }
 
+#[cfg(test)]
+impl Tracepoint {
+    /// A tracepoint of `kind` named `name`, in `forward` of `src/model.rs`: for tests.
+    pub(crate) fn for_test(kind: TracepointKind, name: &'static str) -> Self {
+        Self {
+            kind,
+            name,
+            function: "forward",
+            module_path: "smollm::model",
+            file: "src/model.rs",
+            line: 1,
+        }
+    }
+}
+
 impl Tracepoint {
     /// `module_path::function`, or the module path alone for an inline macro outside an
     /// annotated function.
