@@ -23,6 +23,7 @@ import numpy as np
 
 from .attention import attention_rows
 from .filter import CaptureFilter, Tracepoint
+from .format import read_trace
 from .writer import Pending, TraceWriter, dtype_name
 
 
@@ -226,6 +227,7 @@ def trace(
     digest: bool = True,
     record_attention: bool = True,
     record_logits: bool = True,
+    isolate: Optional[str] = None,
 ) -> Iterator[TraceWriter]:
     """Records every forward call of ``model`` inside the ``with`` block into the trace file at
     ``path`` (replaced if it exists).
@@ -243,6 +245,13 @@ def trace(
     line 0, so ``@file`` patterns match none of them. Attention probabilities need
     ``attn_implementation="eager"``; with another implementation the model returns none and none
     is recorded.
+
+    ``isolate``: a trace of the port (written with its layers' inputs captured:
+    ``MODEL_TRACE_CAPTURE=layer:*``) whose captured input of each (pass, layer) this model's
+    layer is fed in place of its own: the reference run the other way round from the port's
+    ``MODEL_TRACE_ISOLATE``, so that each layer's output here is what the reference computes
+    from the port's input. Each replacement is an ``intervention`` event, and the header names
+    the file (``isolate``); a pass or layer the port did not capture raises ``ValueError``.
     """
     # One walk of the module tree: it costs as much as a small model's forward pass.
     modules = dict(model.named_modules())
@@ -274,7 +283,10 @@ def trace(
     }
     meta = {"extra": {"architecture": architecture.name, "names": names}}
     meta.update(metadata or {})
-    writer = TraceWriter(path, config=config, metadata=meta, tracepoints=tracepoints, capture=capture, digest=digest)
+    replay = _Captures(isolate) if isolate is not None else None
+    interventions = [f"stage=input replace({isolate})"] if isolate is not None else []
+    writer = TraceWriter(path, config=config, metadata=meta, tracepoints=tracepoints, capture=capture, digest=digest,
+                         interventions=interventions, isolate=isolate)
     handles: List[Any] = []
 
     def wants(kind: str, name: str, function: str, layer: Optional[int]) -> bool:
@@ -293,7 +305,8 @@ def trace(
     handles.append(model.register_forward_hook(top_post))
     layer_name = type(layers[0][2]).__name__
     for index, path_, block in layers:
-        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention, modules)
+        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention, modules,
+                               replay)
     if record_logits and architecture.logits:
         head = modules.get(architecture.logits)
         if head is not None:
@@ -332,16 +345,20 @@ def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[int, Pendi
 
 def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_name: str,
                 architecture: Architecture, wants: Any, record_attention: bool,
-                all_modules: Dict[str, Any]) -> List[Any]:
+                all_modules: Dict[str, Any], replay: Optional["_Captures"] = None) -> List[Any]:
     handles = []
     modules = _Submodules(block, path, all_modules)
 
-    def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         writer.begin_layer(index, layer_name, path)
         hidden = args[0] if args else kwargs.get("hidden_states")
+        changed = None
+        if hidden is not None and replay is not None:
+            hidden, changed = replay.feed(writer, index, hidden, args, kwargs)
         if hidden is not None:
             values, dtype = to_numpy(hidden)
             writer.stage("input", values, wants("layer", layer_name, path, index), dtype)
+        return changed
 
     def post(_module: Any, _args: Any, output: Any) -> None:
         values, dtype = to_numpy(first_tensor(output))
@@ -377,6 +394,61 @@ def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_na
         handles.append(_stage_hook(writer, module, stage, which, index, f"{path}.{sub}", wants))
     handles.append(block.register_forward_hook(post))
     return handles
+
+
+class _Captures:
+    """The captured tensors of a trace (the port's), by (pass, layer, stage), found through the
+    layer events' ``capture`` pointers as the Rust side finds them."""
+
+    def __init__(self, path: str):
+        import os
+
+        self.path = path
+        self.directory = os.path.dirname(os.path.abspath(path))
+        self.captures: Dict[Tuple[int, int, str], Dict[str, str]] = {}
+        _, events = read_trace(path)
+        for event in events:
+            if event.get("event") != "layer":
+                continue
+            for stage in event["stages"]:
+                capture = stage["tensor"].get("capture")
+                if capture:
+                    self.captures.setdefault((event["pass"], event["layer"], stage["name"]), capture)
+        if not self.captures:
+            raise ValueError(f"{path} holds no captured layer tensors to replay: write it with "
+                             "MODEL_TRACE_CAPTURE=layer:* (or capture=\"layer:*\")")
+
+    def values(self, pass_index: int, layer: int, stage: str) -> np.ndarray:
+        import os
+
+        from safetensors import safe_open
+
+        capture = self.captures.get((pass_index, layer, stage))
+        if capture is None:
+            raise ValueError(f"isolate: {self.path} has no capture of pass {pass_index}, layer {layer}, {stage}")
+        with safe_open(os.path.join(self.directory, capture["file"]), framework="np") as file:
+            return file.get_tensor(capture["tensor"])
+
+    def feed(self, writer: TraceWriter, layer: int, hidden: Any, args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Tuple[Any, Tuple[Tuple[Any, ...], Dict[str, Any]]]:
+        """The layer's input replaced by the capture (same element count, the layer's own
+        shape, dtype and device), the event written, and the hook's new (args, kwargs)."""
+        import torch
+
+        pass_index = writer._ensure_pass()
+        replayed = self.values(pass_index, layer, "input")
+        if replayed.size != hidden.numel():
+            raise ValueError(f"isolate: pass {pass_index}, layer {layer}: the capture holds {replayed.size} values, "
+                             f"the input {hidden.numel()} (shape {tuple(hidden.shape)})")
+        before = hidden.detach().to(torch.float32).cpu().numpy()
+        new = torch.from_numpy(np.ascontiguousarray(replayed, dtype=np.float32)).reshape(hidden.shape)
+        new = new.to(dtype=hidden.dtype, device=hidden.device)
+        source = f"{self.path} p{pass_index}.l{layer}.input"
+        writer.intervention("input", f"stage=input replace({self.path})", before,
+                            new.detach().to(torch.float32).cpu().numpy(), source=source)
+        if args:
+            return new, ((new,) + tuple(args[1:]), kwargs)
+        return new, (args, {**kwargs, "hidden_states": new})
 
 
 class _Submodules:

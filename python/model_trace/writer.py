@@ -169,6 +169,8 @@ class TraceWriter:
         tracepoints: Sequence[Dict[str, Any]] = (),
         capture: Optional[str] = None,
         digest: bool = True,
+        interventions: Sequence[str] = (),
+        isolate: Optional[str] = None,
     ):
         self.path = path
         self.file = open(path, "w", encoding="utf-8")
@@ -209,6 +211,10 @@ class TraceWriter:
             "tracepoints": list(tracepoints),
             "metadata": metadata or {},
         }
+        if interventions:
+            header["interventions"] = list(interventions)
+        if isolate is not None:
+            header["isolate"] = isolate
         self.file.write(dumps(header) + "\n")
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -419,6 +425,34 @@ class TraceWriter:
 
     def current_layer(self) -> Optional[int]:
         return self.layers[-1]["layer"] if self.layers else None
+
+    def intervention(self, stage: str, intervention: str, before: np.ndarray, after: np.ndarray,
+                     source: Optional[str] = None) -> None:
+        """A tensor of the innermost open layer was changed (``before`` into ``after``, as the
+        program saw it): the ``intervention`` event, written before the layer's own."""
+        if not self.layers:
+            return
+        frame = self.layers[-1]
+        old = np.asarray(before, dtype=np.float64).ravel()
+        new = np.asarray(after, dtype=np.float64).ravel()
+        event: Dict[str, Any] = {
+            "event": "intervention",
+            "seq": self.next_seq(),
+            "pass": frame["pass"],
+            "layer": frame["layer"],
+            "stage": stage,
+            "tracepoint": frame["tracepoint"],
+            "function": frame["function"],
+            "intervention": intervention,
+        }
+        if source is not None:
+            event["source"] = source
+        event.update({
+            "positions": None,
+            "before_l2": float(np.float32(np.sqrt(np.dot(old, old)))),
+            "delta_l2": float(np.float32(np.sqrt(np.dot(new - old, new - old)))),
+        })
+        self._queue(event)
 
     # -- records -------------------------------------------------------------------------------
 

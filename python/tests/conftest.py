@@ -9,10 +9,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_example(package: str, args, cwd: Path) -> subprocess.CompletedProcess:
+def run_example(package: str, args, cwd: Path, env=None) -> subprocess.CompletedProcess:
     """Runs `cargo run -p PACKAGE --features trace -- ARGS` from the repository root; the
-    trace-related environment of the caller is not passed on, so the run is what ARGS say."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODEL_TRACE") or k == "MODEL_TRACE_MODELS"}
+    trace-related environment of the caller is not passed on, so the run is what ARGS (and
+    ``env``, added to it: ``{"MODEL_TRACE_ISOLATE": ...}``) say."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("MODEL_TRACE") or k == "MODEL_TRACE_MODELS"}
+    env = {**inherited, **(env or {})}
     command = ["cargo", "run", "--quiet", "-p", package, "--features", "trace", "--", *args]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:

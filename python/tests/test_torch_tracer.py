@@ -161,3 +161,50 @@ def test_attention_rows_are_the_same_analysed_on_the_device_or_with_the_batch(ti
     monkeypatch.setattr(model_trace.torch, "attention_rows",
                         lambda probs: _analyse(probs.detach().to(torch.float32), 10, 0.01, _Torch(torch, probs.device)))
     assert two_passes(tiny_llama, tmp_path / "device.ndjson", capture=None) == with_batch
+
+
+def layer_stats(events, stage):
+    return {e["layer"]: next(s["tensor"]["stats"] for s in e["stages"] if s["name"] == stage)
+            for e in events if e["event"] == "layer"}
+
+
+def test_isolate_feeds_each_layer_the_other_runs_captured_input(tiny_llama, tmp_path):
+    """The reference fed the port's layer inputs: each layer's input here is the port's, its
+    output what this model computes from it; a run fed its own captures reproduces itself."""
+    port_path = tmp_path / "port.ndjson"
+    config = tiny_llama.config
+    torch.manual_seed(1)
+    port = transformers.LlamaForCausalLM(config).eval()  # other weights: another model's inputs
+    _, port_events = traced(port, port_path, capture="layer:*")
+    own_path = tmp_path / "own.ndjson"
+    _, own_events = traced(tiny_llama, own_path, capture="layer:*")
+
+    isolated = tmp_path / "isolated.ndjson"
+    with torch.no_grad(), model_trace.torch.trace(tiny_llama, str(isolated), isolate=str(port_path)):
+        tiny_llama(input_ids=torch.tensor([[1, 2, 3]]))
+    header, events = model_trace.read_trace(str(isolated))
+    assert header["isolate"] == str(port_path)
+    assert header["interventions"] == [f"stage=input replace({port_path})"]
+    assert layer_stats(events, "input") == layer_stats(port_events, "input")
+    assert layer_stats(events, "output") != layer_stats(port_events, "output")
+    changes = [e for e in events if e["event"] == "intervention"]
+    assert [(c["layer"], c["stage"]) for c in changes] == [(0, "input"), (1, "input"), (2, "input")]
+    assert changes[1]["source"] == f"{port_path} p0.l1.input"
+    # Each intervention event comes before its layer's event.
+    order = [(e["event"], e.get("layer")) for e in events if e["event"] in ("intervention", "layer")]
+    assert order.index(("intervention", 0)) < order.index(("layer", 0))
+
+    again = tmp_path / "again.ndjson"
+    with torch.no_grad(), model_trace.torch.trace(tiny_llama, str(again), isolate=str(own_path)):
+        tiny_llama(input_ids=torch.tensor([[1, 2, 3]]))
+    _, again_events = model_trace.read_trace(str(again))
+    assert layer_stats(again_events, "output") == layer_stats(own_events, "output")
+    assert all(e["delta_l2"] == 0.0 for e in again_events if e["event"] == "intervention")
+
+
+def test_isolate_needs_captures(tiny_llama, tmp_path):
+    plain = tmp_path / "plain.ndjson"
+    traced(tiny_llama, plain)
+    with pytest.raises(ValueError, match="MODEL_TRACE_CAPTURE=layer:"):
+        with model_trace.torch.trace(tiny_llama, str(tmp_path / "x.ndjson"), isolate=str(plain)):
+            pass
