@@ -628,7 +628,7 @@ impl<'a> Report<'a> {
                      errors are each layer's own"
                 );
             } else if !info.interventions.is_empty() {
-                let changes = info.interventions.join("; ");
+                let changes = crate::header::interventions_text(&info.interventions);
                 let _ = writeln!(
                     out,
                     "{}",

@@ -162,13 +162,13 @@ impl<'a> Local<'a> {
                 let _ = writeln!(
                     out,
                     "{} pass {}, layer {}, {}: fed the reference's input, this layer's {} is \
-                     {} the tolerance",
+                     {} times what the tolerance allows",
                     colors.bad("first layer wrong on its own:"),
                     place.pass,
                     place.layer,
                     colors.bold(place.stage),
                     place.stage,
-                    ratio_text(place.ratio)
+                    ratio_text(place.ratio).trim_end_matches('x')
                 );
             }
         }

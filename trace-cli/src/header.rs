@@ -108,7 +108,7 @@ pub(crate) fn describe_header(
             out,
             "{} {}",
             colors.bold("changed by:"),
-            colors.warn(&header.interventions.join("; "))
+            colors.warn(&interventions_text(&header.interventions))
         )?;
     }
     Ok(())
@@ -147,4 +147,18 @@ fn config_text(config: &ModelTracerConfig) -> String {
         trace_runtime::DigestPolicy::Always => "digests of every tensor",
     };
     format!("{}; {digests}", parts.join(", "))
+}
+
+/// The interventions of a header, the first few of a long list (causal tracing has one a
+/// patched pass) and how many there are.
+pub(crate) fn interventions_text(interventions: &[String]) -> String {
+    const SHOWN: usize = 3;
+    if interventions.len() <= SHOWN + 1 {
+        return interventions.join("; ");
+    }
+    format!(
+        "{}; ... {} interventions in all",
+        interventions[..SHOWN].join("; "),
+        interventions.len()
+    )
 }

@@ -8,7 +8,8 @@
 //! [`TraceTensor`], and `summary` adds fingerprints and sketches; they make up the
 //! records and events of `record`; `analysis` holds what is computed over records (the anomaly
 //! rules, attention heads, comparing runs); `format` reads trace files back and writes captured
-//! tensors; `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
+//! tensors; `intervene` holds what a session's interventions select and do to the tensors
+//! tracepoints see (and replays a reference's captures); `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
 //! own [`TraceSink`]); the thread-local [`Session`] (`session`) owns the pass and layer context
 //! and hands each [`Event`] to its sinks; `__private` is what generated code calls.
 

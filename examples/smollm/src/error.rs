@@ -19,6 +19,8 @@ pub enum Error {
     ReadTrace(model_trace::ReadError),
     /// The model run as a pipeline failed: a stage's computation, session or thread.
     Pipeline(crate::pipeline::PipelineError),
+    /// An intervention (causal tracing's patches) could not be made or did not apply.
+    Intervention(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -34,6 +36,7 @@ impl fmt::Display for Error {
             Error::Trace(err) => write!(f, "trace: {err}"),
             Error::ReadTrace(err) => write!(f, "trace file: {err}"),
             Error::Pipeline(err) => write!(f, "pipeline: {err}"),
+            Error::Intervention(msg) => write!(f, "intervention: {msg}"),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 #[doc(hidden)]
 pub mod bugs;
+pub mod causal;
 pub mod error;
 pub mod generate;
 pub mod gguf;

@@ -51,7 +51,39 @@ pub(crate) struct ReportData {
     pub(crate) logits: Vec<Option<LogitEvolutionTrace>>,
     pub(crate) quant: Vec<QuantRow>,
     pub(crate) kv: Vec<KvStep>,
+    /// Passes that each patched one (layer, position): the tracked token's probability.
+    pub(crate) patching: Option<PatchingData>,
     pub(crate) diff: Option<super::DiffData>,
+}
+
+/// Activation patching (causal tracing) as a layer × position heatmap: the passes of the run
+/// that each changed one layer's tensor at one token position, and the probability of the
+/// first tracked token that each of them ended with.
+#[derive(Debug, Serialize)]
+pub(crate) struct PatchingData {
+    /// The tracked token.
+    pub(crate) token: u32,
+    /// The intervention of the first patched pass, as written.
+    pub(crate) intervention: String,
+    /// The token's probability in the first pass that changed nothing (the unpatched run).
+    pub(crate) unpatched: Option<f32>,
+    pub(crate) layers: usize,
+    pub(crate) positions: usize,
+    /// `[position][layer]`, NaN where no pass patched that cell.
+    pub(crate) probs: String,
+    /// The prompt's tokens, when the header's `metadata.extra.tokens` lists them (JSON).
+    pub(crate) tokens: Vec<String>,
+    /// The tracked token as text, when the header's `metadata.extra.answer` says it.
+    pub(crate) answer: Option<String>,
+}
+
+/// What one pass changed and ended with, for [`PatchingData`].
+#[derive(Debug, Default)]
+struct PassPatch {
+    /// `(layer, first position, last position, intervention)` of each intervention event.
+    changes: Vec<(Option<usize>, Option<[usize; 2]>, String)>,
+    /// The first tracked token and its probability in the pass's logits.
+    prob: Option<(u32, f32)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -156,6 +188,7 @@ pub(crate) struct Collector {
     logits: HashMap<usize, LogitEvolutionTrace>,
     quant: BTreeMap<(String, usize), QuantSums>,
     kv: BTreeMap<usize, KvPass>,
+    patches: BTreeMap<usize, PassPatch>,
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +222,7 @@ impl Collector {
             logits: HashMap::new(),
             quant: BTreeMap::new(),
             kv: BTreeMap::new(),
+            patches: BTreeMap::new(),
         }
     }
 
@@ -230,6 +264,25 @@ impl Collector {
                     sums.snr_sum += f64::from(e.snr_db);
                     sums.snr_finite += 1;
                     sums.snr_min = sums.snr_min.min(f64::from(e.snr_db));
+                }
+            }
+            Event::Intervention(change) => {
+                if let Some(pass) = change.pass {
+                    let patch = self.patches.entry(pass).or_default();
+                    patch.changes.push((
+                        change.layer,
+                        change.positions,
+                        change.intervention.clone(),
+                    ));
+                }
+            }
+            Event::Logits(logits) => {
+                let tracked = logits
+                    .batch_rows
+                    .first()
+                    .and_then(|row| row.tracked.first());
+                if let Some(prob) = tracked.and_then(|t| Some((t.token, t.prob?))) {
+                    self.patches.entry(logits.pass).or_default().prob = Some(prob);
                 }
             }
             Event::KvCache(kv) => {
@@ -447,6 +500,7 @@ impl Collector {
                 step
             })
             .collect();
+        let patching = patching(&self.patches, &self.header.metadata.extra);
         let header = &self.header;
         let title = header
             .metadata
@@ -479,9 +533,61 @@ impl Collector {
             logits,
             quant,
             kv,
+            patching,
             diff: None,
         }
     }
+}
+
+/// The heatmap of the passes that each patched one (layer, position), when at least two did.
+fn patching(
+    patches: &BTreeMap<usize, PassPatch>,
+    extra: &BTreeMap<String, String>,
+) -> Option<PatchingData> {
+    let mut cells = Vec::new();
+    let mut unpatched = None;
+    let mut first = None;
+    for patch in patches.values() {
+        let Some((token, prob)) = patch.prob else {
+            continue;
+        };
+        match patch.changes.as_slice() {
+            [] => {
+                unpatched.get_or_insert((token, prob));
+            }
+            [(Some(layer), Some([p, q]), text)] if p == q => {
+                first.get_or_insert_with(|| text.clone());
+                cells.push((token, *layer, *p, prob));
+            }
+            _ => {}
+        }
+    }
+    let token = cells.first()?.0;
+    if cells.len() < 2 {
+        return None;
+    }
+    let layers = cells.iter().map(|c| c.1 + 1).max().unwrap_or(0);
+    let positions = cells.iter().map(|c| c.2 + 1).max().unwrap_or(0);
+    let mut probs = vec![f32::NAN; layers * positions];
+    for &(cell_token, layer, position, prob) in &cells {
+        if cell_token == token {
+            probs[position * layers + layer] = prob;
+        }
+    }
+    let tokens = extra
+        .get("tokens")
+        .and_then(|text| serde_json::from_str::<Vec<String>>(text).ok())
+        .unwrap_or_default();
+    Some(PatchingData {
+        token,
+        intervention: first.unwrap_or_default(),
+        unpatched: unpatched.filter(|u| u.0 == token).map(|u| u.1),
+        layers,
+        positions,
+        probs: pack_f32(&probs),
+        tokens,
+        answer: extra.get("answer").cloned(),
+    })
 }
 
 /// Indices (into the passes) of those the page shows: all of them up to [`SHOWN_PASSES`],
@@ -563,6 +669,45 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passes_that_each_patch_one_cell_make_the_heatmap() {
+        let patch = |layer, position, prob| PassPatch {
+            changes: vec![(Some(layer), Some([position, position]), "x".to_owned())],
+            prob: Some((7, prob)),
+        };
+        let mut patches = BTreeMap::new();
+        patches.insert(
+            0,
+            PassPatch {
+                changes: Vec::new(),
+                prob: Some((7, 0.01)),
+            },
+        );
+        patches.insert(1, patch(0, 1, 0.5));
+        patches.insert(2, patch(2, 0, 0.25));
+        // Two changes in one pass, or a range of positions: not one cell.
+        patches.insert(
+            3,
+            PassPatch {
+                changes: vec![(Some(1), Some([0, 1]), "y".to_owned())],
+                prob: Some((7, 0.9)),
+            },
+        );
+        let extra = BTreeMap::from([("tokens".to_owned(), r#"["a","b"]"#.to_owned())]);
+        let data = patching(&patches, &extra).expect("two cells");
+        assert_eq!((data.layers, data.positions, data.token), (3, 2, 7));
+        assert_eq!(data.unpatched, Some(0.01));
+        assert_eq!(data.tokens, ["a", "b"]);
+        // [position][layer]
+        let nan = f32::NAN;
+        assert_eq!(data.probs, pack_f32(&[nan, nan, 0.25, 0.5, nan, nan]));
+        patches.remove(&2);
+        assert!(
+            patching(&patches, &extra).is_none(),
+            "one cell is no heatmap"
+        );
+    }
 
     #[test]
     fn base64_matches_the_standard() {

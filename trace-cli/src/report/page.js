@@ -583,6 +583,32 @@
       h("div", { class: "plot", id: "time-passes" }, linePlot(perPass, { xLabel: "pass", yLabel: "ms", integerX: true, logY: true, width: 560 }), legend(perPass.map((x) => [x.name, x.color])))));
   }
 
+  // ---- patching ------------------------------------------------------------------------------------
+
+  if (DATA.patching) {
+    const P = DATA.patching;
+    const probs = f32(P.probs);
+    const finite = Array.from(probs).filter(Number.isFinite);
+    const lo = Math.min(...finite, P.unpatched ?? Infinity), hi = Math.max(...finite);
+    const t = (v) => (Number.isFinite(v) ? (hi > lo ? (v - lo) / (hi - lo) : 0.5) : NaN);
+    const token = (r) => (P.tokens[r] !== undefined ? `${JSON.stringify(P.tokens[r])} (${r})` : String(r));
+    const answer = P.answer !== null ? `${JSON.stringify(P.answer)} (${P.token})` : String(P.token);
+    const sec = section("patching", "Activation patching",
+      `Each cell is a run that changed one layer's tensor at one token position (the first: ${P.intervention}), and the probability of token ${answer} it ended with` +
+      (P.unpatched !== null ? `; unpatched: ${fmt(P.unpatched)}.` : ".") +
+      " Where patching restores the probability, that layer at that position carries what decides the answer.");
+    const cellWidth = Math.max(8, Math.floor(860 / P.layers));
+    sec.append(h("div", { class: "plot", id: "patching-plot" },
+      heatmap(P.positions, P.layers, (r, c) => t(probs[r * P.layers + c]), {
+        cellWidth, cellHeight: 22,
+        color: (v) => (Number.isNaN(v) ? [235, 235, 235] : viridis(v)),
+        rowLabel: (r) => (P.tokens[r] !== undefined ? P.tokens[r].slice(0, 8) : String(r)),
+        xLabel: "layer", yLabel: "position",
+        hover: (r, c) => `layer ${c}, position ${token(r)}\nprobability of ${answer}: ${fmt(probs[r * P.layers + c])}`,
+      }),
+      h("div", { class: "note" }, `colour: probability from ${fmt(lo)} (dark) to ${fmt(hi)} (yellow); grey: not patched`)));
+  }
+
   // ---- diff ----------------------------------------------------------------------------------------
 
   if (DATA.diff) {

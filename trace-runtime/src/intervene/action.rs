@@ -26,7 +26,8 @@ type Closure = dyn Fn(&mut [f32], &InterventionSite<'_>) + Send + Sync;
 /// written back in the tensor's own element type and device
 /// ([`TraceTensor::overwrite`](crate::TraceTensor::overwrite)).
 ///
-/// As text (`MODEL_TRACE_PATCH`): `zero`, `scale(F)`, `add(V1 V2 ...)`, `replace(FILE)`.
+/// As text (`MODEL_TRACE_PATCH`): `zero`, `scale(F)`, `add(V1 V2 ...)`, `replace(FILE)`,
+/// `replace(FILE,pass=N)`.
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Action {
@@ -76,6 +77,17 @@ impl Action {
         ReferenceCaptures::open(path.as_ref()).map(|reference| Self::Replace(Arc::new(reference)))
     }
 
+    /// [`replace`](Self::replace) from the reference's pass `pass` in every pass of the
+    /// program: one clean run patched into each of many corrupted runs (causal tracing).
+    ///
+    /// # Errors
+    ///
+    /// As [`replace`](Self::replace), or the reference captured nothing in `pass`.
+    pub fn replace_from_pass(path: impl AsRef<Path>, pass: usize) -> Result<Self, String> {
+        let reference = ReferenceCaptures::open(path.as_ref())?.from_pass(pass)?;
+        Ok(Self::Replace(Arc::new(reference)))
+    }
+
     /// Parses `zero`, `scale(F)`, `add(V1 V2 ...)` (values separated by spaces or commas) or
     /// `replace(FILE)` (which reads the trace's captures now).
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -95,8 +107,17 @@ impl Action {
                 .filter(|v| v.is_finite())
                 .ok_or_else(|| format!("`{s}` is not a finite number (in `{text}`)"))
         };
-        if let Some(path) = call("replace") {
-            return Self::replace(path.trim());
+        if let Some(inside) = call("replace") {
+            return match inside.rsplit_once(",pass=") {
+                Some((path, pass)) => {
+                    let pass = pass
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("`{pass}` is not a pass (in `{text}`)"))?;
+                    Self::replace_from_pass(path.trim(), pass)
+                }
+                None => Self::replace(inside.trim()),
+            };
         }
         if let Some(factor) = call("scale") {
             return number(factor).map(Self::Scale);
@@ -175,7 +196,10 @@ impl fmt::Display for Action {
                 }
                 f.write_str(")")
             }
-            Self::Replace(reference) => write!(f, "replace({})", reference.path().display()),
+            Self::Replace(reference) => match reference.pass() {
+                Some(pass) => write!(f, "replace({},pass={pass})", reference.path().display()),
+                None => write!(f, "replace({})", reference.path().display()),
+            },
             Self::Closure(_) => f.write_str("closure"),
         }
     }

@@ -19,6 +19,8 @@ use crate::summary::CaptureRef;
 /// architecture, as `model-trace diff --map` does.
 pub struct ReferenceCaptures {
     path: PathBuf,
+    /// The reference's pass every replacement comes from; `None`: the pass of the same number.
+    pass: Option<usize>,
     captures: HashMap<(usize, usize, String), CaptureRef>,
 }
 
@@ -26,6 +28,7 @@ impl fmt::Debug for ReferenceCaptures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReferenceCaptures")
             .field("path", &self.path)
+            .field("pass", &self.pass)
             .field("captures", &self.captures.len())
             .finish()
     }
@@ -76,13 +79,32 @@ impl ReferenceCaptures {
         }
         Ok(Self {
             path: path.to_owned(),
+            pass: None,
             captures,
         })
+    }
+
+    /// Every replacement from the reference's pass `pass`, whatever pass the program is in
+    /// (patching one clean run into many corrupted ones). `Err`: that pass captured nothing.
+    pub fn from_pass(mut self, pass: usize) -> Result<Self, String> {
+        if !self.captures.keys().any(|&(p, _, _)| p == pass) {
+            return Err(format!(
+                "{} captured nothing in pass {pass}",
+                self.path.display()
+            ));
+        }
+        self.pass = Some(pass);
+        Ok(self)
     }
 
     /// The trace file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The fixed pass of [`from_pass`](Self::from_pass), if any.
+    pub fn pass(&self) -> Option<usize> {
+        self.pass
     }
 
     /// The values of the tensor `stage` that the reference captured in `pass` at `layer`, and
@@ -93,14 +115,22 @@ impl ReferenceCaptures {
         layer: Option<usize>,
         stage: &str,
     ) -> Result<(Vec<f32>, String), String> {
-        let (Some(pass), Some(layer)) = (pass, layer) else {
+        let (Some(pass), Some(layer)) = (self.pass.or(pass), layer) else {
             return Err("a replayed tensor needs a pass and a layer".to_owned());
         };
         let source = format!("{} p{pass}.l{layer}.{stage}", self.path.display());
+        // Without the layer, so that a pass the reference did not capture is one error, not
+        // one a layer.
         let capture = self
             .captures
             .get(&(pass, layer, stage.to_owned()))
-            .ok_or_else(|| format!("the reference has no capture of {source}"))?;
+            .ok_or_else(|| {
+                format!(
+                    "{} has no captured `{stage}` of pass {pass} for this layer (record the \
+                     reference with those tensors captured)",
+                    self.path.display()
+                )
+            })?;
         let (_, values) = read_capture(&self.path, capture).map_err(|e| e.to_string())?;
         Ok((values, source))
     }

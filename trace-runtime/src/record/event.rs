@@ -286,6 +286,14 @@ pub struct TrackedLogit {
     pub logit: f32,
     /// Logits strictly greater than it (0: the top token).
     pub rank: usize,
+    /// Its probability, the softmax of the row at temperature 1; absent in traces written
+    /// before it existed.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::float::option"
+    )]
+    pub prob: Option<f32>,
 }
 
 /// Logits, read as `[vocab]`, `[batch, vocab]` or `[batch, seq, vocab]` (the last position of

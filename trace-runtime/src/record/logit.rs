@@ -230,6 +230,8 @@ pub(crate) fn logit_row(
     (positions, values): (&mut Vec<usize>, &mut Vec<f32>),
 ) -> LogitRow {
     top_k_by_selection(row, top_k, f32::NEG_INFINITY, positions, values);
+    // The softmax's normalizer, only when a tracked token needs it (one pass over the row).
+    let log_normalizer = (!tracked.is_empty()).then(|| log_sum_exp(row));
     LogitRow {
         batch,
         top_tokens: positions
@@ -243,14 +245,45 @@ pub(crate) fn logit_row(
                 token,
                 logit: row.get(token as usize).copied().unwrap_or(f32::NAN),
                 rank: LogitEvolutionTrace::compute_rank(row, token),
+                #[allow(clippy::cast_possible_truncation)]
+                prob: log_normalizer.map(|lse| {
+                    let logit = row.get(token as usize).map_or(f64::NAN, |&l| f64::from(l));
+                    (logit - lse).exp() as f32
+                }),
             })
             .collect(),
     }
 }
 
+/// `ln Σ exp(row)`, shifted by the largest value so that nothing overflows; NaN when the
+/// row holds one.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if row.iter().any(|v| v.is_nan()) || !max.is_finite() {
+        return f64::NAN;
+    }
+    let max = f64::from(max);
+    let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+    max + sum.ln()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracked_tokens_carry_their_probability() {
+        let row = [1.0f32, 2.0, 3.0];
+        let mut scratch = (Vec::new(), Vec::new());
+        let logit_row = logit_row(0, &row, 1, &[2, 0], (&mut scratch.0, &mut scratch.1));
+        let z: f64 = row.iter().map(|&v| f64::from(v).exp()).sum();
+        let expected = [(3f64).exp() / z, (1f64).exp() / z];
+        for (tracked, expected) in logit_row.tracked.iter().zip(expected) {
+            assert!((f64::from(tracked.prob.unwrap()) - expected).abs() < 1e-6);
+        }
+        let none = super::logit_row(0, &row, 1, &[], (&mut scratch.0, &mut scratch.1));
+        assert!(none.tracked.is_empty());
+    }
 
     #[test]
     fn rank_counts_strictly_greater_and_is_nan_safe() {

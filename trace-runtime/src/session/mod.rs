@@ -15,7 +15,9 @@
 //!   newest session records, and the previous one resumes when the newer one ends. Sessions may
 //!   end in any order.
 //! * **The environment.** [`Session::start`] reads `MODEL_TRACE` (a [`TraceFilter`]),
-//!   `MODEL_TRACE_OUT` (a trace file) and `MODEL_TRACE_CAPTURE` (a [`CaptureFilter`]); a value
+//!   `MODEL_TRACE_OUT` (a trace file), `MODEL_TRACE_CAPTURE` (a [`CaptureFilter`]),
+//!   `MODEL_TRACE_PATCH` (interventions) and `MODEL_TRACE_ISOLATE` (a reference to feed every
+//!   layer); a value
 //!   that cannot be used is reported in one line on stderr and in [`Session::errors`], and the
 //!   session goes on without it ([`Session::try_start`] returns the error instead). A
 //!   [`SessionBuilder`] reads the environment only when asked ([`SessionBuilder::from_env`]);
@@ -32,6 +34,11 @@
 //!   already open. Layers or logits recorded outside any `#[trace_model]` open an implicit pass
 //!   that lasts until the next `#[trace_model]` or the end of the session; the first one is a
 //!   warning, since it usually means the forward function lacks its annotation.
+//! * **Interventions** ([`SessionBuilder::intervene`], `MODEL_TRACE_PATCH`, isolation) change
+//!   tensors that tracepoints see, before the program goes on with them; with none, a
+//!   tracepoint does what it did without them (one more check of an empty list per layer).
+//!   What a tracepoint records is what the program went on with, and every change is an
+//!   [`Event::Intervention`](crate::Event::Intervention).
 //! * **Unreadable values** (a backend error, a shape that does not fit, a value that is not a
 //!   tensor where one is required) never panic: the record is skipped and the reason is kept
 //!   in [`Session::errors`], counted per tracepoint, kind and message. They are not hidden:
@@ -178,7 +185,9 @@ impl From<FilterError> for SessionError {
 
 impl Session {
     /// Starts recording on this thread with the settings of the environment: `MODEL_TRACE`
-    /// filters, `MODEL_TRACE_OUT` writes a trace file, `MODEL_TRACE_CAPTURE` saves tensors. A
+    /// filters, `MODEL_TRACE_OUT` writes a trace file, `MODEL_TRACE_CAPTURE` saves tensors,
+    /// `MODEL_TRACE_PATCH` and `MODEL_TRACE_ISOLATE` change tensors ([`SessionBuilder::intervene`],
+    /// [`SessionBuilder::isolate`]). A
     /// value that cannot be used is reported on stderr and in [`errors`](Self::errors), and
     /// ignored.
     pub fn start(config: ModelTracerConfig) -> Self {
@@ -449,7 +458,7 @@ impl SessionBuilder {
     }
 
     /// Changes the tensors that `selector` selects with `action` before the program goes on
-    /// with them (syntax on [`InterventionSelector`]: by pass, layer, stage and token
+    /// with them (syntax on [`InterventionSelector`](crate::InterventionSelector): by pass, layer, stage and token
     /// position): ablation ([`Action::Zero`]), scaling, steering ([`Action::Add`]) or a
     /// function of your own ([`Action::closure`]). A layer's `input` and `output` and the
     /// stages of `trace_stage!` can be changed; a layer records what it actually received and
