@@ -337,3 +337,31 @@ fn isolating_on_a_trace_without_captures_is_an_error_saying_how_to_make_one() {
     assert!(message.contains("MODEL_TRACE_CAPTURE=layer:*"), "{message}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_steering_vector_from_a_file_is_the_same_as_written_inline() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = std::env::temp_dir().join(format!("steer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("steer.safetensors");
+    let vector = [1.0f32, 0.0, 0.0, -1.0];
+    let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = TensorView::new(Dtype::F32, vec![WIDTH], &bytes).unwrap();
+    safetensors::serialize_to_file([("honesty", view)], None, &path).unwrap();
+
+    let from_file = Action::parse(&format!("add({}:honesty)", path.display())).unwrap();
+    let only_tensor = Action::parse(&format!("add({})", path.display())).unwrap();
+    assert_eq!(
+        from_file.to_string(),
+        format!("add({}:honesty)", path.display())
+    );
+    let inline = Action::parse("add(1 0 0 -1)").unwrap();
+    let (by_file, _) = run(&[("layer=2,stage=input", from_file)]);
+    let (by_only, _) = run(&[("layer=2,stage=input", only_tensor)]);
+    let (by_text, _) = run(&[("layer=2,stage=input", inline)]);
+    assert_eq!(by_file, by_text);
+    assert_eq!(by_only, by_text);
+    let missing = Action::parse(&format!("add({}:nope)", path.display())).unwrap_err();
+    assert!(missing.contains("no tensor named"), "{missing}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -196,7 +196,16 @@ pub fn read_capture(
     reference: &CaptureRef,
 ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
     let dir = trace_path.parent().unwrap_or_else(|| Path::new(""));
-    let path = dir.join(&reference.file);
+    read_f32_tensor(&dir.join(&reference.file), Some(&reference.tensor))
+}
+
+/// Reads the `F32` tensor `name` of the safetensors file at `path` (`None`: the file's only
+/// tensor): its shape and values.
+pub fn read_f32_tensor(
+    path: &Path,
+    name: Option<&str>,
+) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
+    let path = path.to_path_buf();
     let io = |source| CaptureError::Io {
         path: path.clone(),
         source,
@@ -216,25 +225,37 @@ pub fn read_capture(
     }
     let mut header = vec![0u8; usize::try_from(header_len).map_err(|e| invalid(e.to_string()))?];
     file.read_exact(&mut header).map_err(io)?;
-    let entries: BTreeMap<String, serde_json::Value> =
+    let mut entries: BTreeMap<String, serde_json::Value> =
         serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
+    entries.remove("__metadata__");
+    let tensor = match name {
+        Some(name) => name.to_owned(),
+        None if entries.len() == 1 => entries.keys().next().cloned().unwrap_or_default(),
+        None => {
+            let names: Vec<&String> = entries.keys().collect();
+            return Err(invalid(format!(
+                "{} tensors ({names:?}): name the one to read",
+                names.len()
+            )));
+        }
+    };
     let entry = entries
-        .get(&reference.tensor)
-        .ok_or_else(|| invalid(format!("no tensor named {:?}", reference.tensor)))?;
+        .get(&tensor)
+        .ok_or_else(|| invalid(format!("no tensor named {tensor:?}")))?;
     let entry: Entry = serde_json::from_value(entry.clone())
-        .map_err(|e| invalid(format!("tensor {:?}: {e}", reference.tensor)))?;
+        .map_err(|e| invalid(format!("tensor {tensor:?}: {e}")))?;
     if entry.dtype != "F32" {
         return Err(invalid(format!(
-            "tensor {:?} is {}, not F32",
-            reference.tensor, entry.dtype
+            "tensor {tensor:?} is {}, not F32",
+            entry.dtype
         )));
     }
     let [start, end] = entry.data_offsets;
     let count: usize = entry.shape.iter().product();
     if end < start || end - start != count * 4 {
         return Err(invalid(format!(
-            "tensor {:?}: offsets {start}..{end} do not hold shape {:?}",
-            reference.tensor, entry.shape
+            "tensor {tensor:?}: offsets {start}..{end} do not hold shape {:?}",
+            entry.shape
         )));
     }
     file.seek(SeekFrom::Start(8 + header_len + start as u64))

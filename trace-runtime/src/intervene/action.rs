@@ -26,7 +26,8 @@ type Closure = dyn Fn(&mut [f32], &InterventionSite<'_>) + Send + Sync;
 /// written back in the tensor's own element type and device
 /// ([`TraceTensor::overwrite`](crate::TraceTensor::overwrite)).
 ///
-/// As text (`MODEL_TRACE_PATCH`): `zero`, `scale(F)`, `add(V1 V2 ...)`, `replace(FILE)`,
+/// As text (`MODEL_TRACE_PATCH`): `zero`, `scale(F)`, `add(V1 V2 ...)`, `add(FILE[:TENSOR])`
+/// (a steering vector saved as an `F32` safetensors tensor), `replace(FILE)`,
 /// `replace(FILE,pass=N)`.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -36,8 +37,15 @@ pub enum Action {
     /// Every selected value is multiplied by the factor.
     Scale(f32),
     /// The vector is added to each selected row (steering): its length is the tensor's last
-    /// dimension.
+    /// dimension. `source`: the file and tensor it was read from, for `add(FILE:TENSOR)`.
     Add(Arc<[f32]>),
+    /// [`Add`](Self::Add) of a vector read from a file, which it is written as.
+    AddFrom {
+        /// The vector.
+        vector: Arc<[f32]>,
+        /// `FILE` or `FILE:TENSOR`, as given.
+        source: String,
+    },
     /// The values the reference trace captured at the same pass, layer and stage take the
     /// place of the program's (activation patching; what isolation does to every layer's
     /// input): see [`Action::replace`].
@@ -123,6 +131,11 @@ impl Action {
             return number(factor).map(Self::Scale);
         }
         if let Some(vector) = call("add") {
+            if vector.contains(|c: char| c.is_ascii_alphabetic() && !"eE".contains(c))
+                || vector.contains(['/', '\\'])
+            {
+                return Self::add_from(vector.trim());
+            }
             let values = vector
                 .split([' ', ','])
                 .filter(|v| !v.is_empty())
@@ -136,6 +149,29 @@ impl Action {
         Err(format!(
             "unknown action `{text}` (expected zero, scale(F), add(V1 V2 ...) or replace(FILE))"
         ))
+    }
+
+    /// Adds the vector that `FILE[:TENSOR]` holds (an `F32` safetensors tensor, of any shape:
+    /// its values in order; `TENSOR` may be left out when it is the file's only one) to each
+    /// selected row.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, or does not hold that tensor as `F32`.
+    pub fn add_from(source: &str) -> Result<Self, String> {
+        // A Windows drive's `C:` is no tensor name: split at the last `:` after the file name.
+        let (path, name) = match source.rsplit_once(':') {
+            Some((path, name)) if !name.contains(['/', '\\']) && !path.is_empty() => {
+                (path, Some(name))
+            }
+            _ => (source, None),
+        };
+        let (_, values) = crate::format::read_f32_tensor(Path::new(path), name)
+            .map_err(|e| format!("add({source}): {e}"))?;
+        Ok(Self::AddFrom {
+            vector: values.into(),
+            source: source.to_owned(),
+        })
     }
 
     /// Changes `values` (of `site.shape`, row-major) in place; where the new values came
@@ -161,7 +197,7 @@ impl Action {
             }
             Self::Zero => values.fill(0.0),
             Self::Scale(factor) => values.iter_mut().for_each(|v| *v *= factor),
-            Self::Add(vector) => {
+            Self::Add(vector) | Self::AddFrom { vector, .. } => {
                 let width = site.shape.last().copied().unwrap_or(1);
                 if vector.len() != width {
                     return Err(format!(
@@ -196,6 +232,7 @@ impl fmt::Display for Action {
                 }
                 f.write_str(")")
             }
+            Self::AddFrom { source, .. } => write!(f, "add({source})"),
             Self::Replace(reference) => match reference.pass() {
                 Some(pass) => write!(f, "replace({},pass={pass})", reference.path().display()),
                 None => write!(f, "replace({})", reference.path().display()),
