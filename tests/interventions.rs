@@ -365,3 +365,45 @@ fn a_steering_vector_from_a_file_is_the_same_as_written_inline() {
     assert!(missing.contains("no tensor named"), "{missing}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+struct Biased {
+    bias: Vec<f32>,
+}
+
+impl Biased {
+    /// The input is a field: it cannot be changed.
+    #[trace_layer(index = 20, input = &self.bias)]
+    fn forward(&self) -> Vec<f32> {
+        self.bias.clone()
+    }
+}
+
+/// A generic input: which type it is, the expansion cannot know.
+#[trace_layer(index = 21)]
+fn generic_layer<T: Clone>(x: &T) -> T {
+    x.clone()
+}
+
+#[test]
+fn an_input_that_cannot_be_changed_is_an_error_at_its_first_call() {
+    let session = Session::builder(ModelTracerConfig::full())
+        .intervene("stage=input,layer=20..=21", Action::Zero)
+        .start()
+        .unwrap();
+    let biased = Biased {
+        bias: vec![1.0, 2.0],
+    };
+    assert_eq!(biased.forward(), [1.0, 2.0]);
+    assert_eq!(biased.forward(), [1.0, 2.0]);
+    assert_eq!(generic_layer(&vec![3.0_f32]), [3.0]);
+    let (_, errors) = session.finish_with_errors();
+    let cannot: Vec<_> = errors
+        .iter()
+        .filter(|e| e.kind == RecordErrorKind::Intervention)
+        .collect();
+    assert_eq!(cannot.len(), 2, "{errors:?}");
+    assert!(cannot
+        .iter()
+        .all(|e| e.message.contains("cannot be changed")));
+    assert_eq!(cannot[0].occurrences, 2, "once per call, kept once");
+}
