@@ -105,14 +105,29 @@ struct Worst<'a> {
     stage: &'a str,
     ratio: f64,
     relative_error: Option<f64>,
+    /// Whether the relative error is exact (both tensors captured) or estimated from the
+    /// sketches, in which case `ratio` is only a lower bound of the error over the tolerance.
+    exact: bool,
+    /// Compared by summaries, within their bounds, but the estimated relative error is past
+    /// the tolerance's `rtol`: the summaries cannot tell; captures would.
+    undecided: bool,
 }
 
 impl<'a> Worst<'a> {
     fn new((pair, ratio): (&'a TensorComparison, f64)) -> Self {
+        let exact = pair.error.exact;
+        let undecided = !exact
+            && ratio <= 1.0
+            && pair
+                .error
+                .relative_error
+                .is_some_and(|e| e > f64::from(pair.tolerance.rtol));
         Self {
             stage: &pair.name,
             ratio,
             relative_error: pair.error.relative_error,
+            exact,
+            undecided,
         }
     }
 }
@@ -121,6 +136,18 @@ impl<'a> Local<'a> {
     fn new(other: &'a Diffed, isolated: &'a Diffed, isolation_warning: Option<String>) -> Self {
         let (inherited, local) = (other.worst_by_layer(), isolated.worst_by_layer());
         let layers: BTreeSet<usize> = inherited.keys().chain(local.keys()).copied().collect();
+        // Summaries prove a divergence, never its absence: said when the local errors rest on
+        // them, since a layer's own error can then pass unseen.
+        let estimated = local.values().any(|(pair, _)| !pair.error.exact);
+        let isolation_warning = isolation_warning.or_else(|| {
+            estimated.then(|| {
+                "the isolated run's tensors were compared by their summaries (one side has no \
+                 captures): a layer within their bounds may still be wrong on its own (marked \
+                 undecided where the estimate says so); capture both runs \
+                 (MODEL_TRACE_CAPTURE=layer:*, or the examples' --capture pass=0) to decide"
+                    .to_owned()
+            })
+        });
         Self {
             first_local_divergence: isolated.first().map(|pair| Place {
                 pass: pair.pass,
@@ -147,7 +174,21 @@ impl<'a> Local<'a> {
         if let Some(warning) = &self.isolation_warning {
             let _ = writeln!(out, "{}", colors.warn(&format!("warning: {warning}")));
         }
+        let undecided: Vec<usize> = self
+            .local_layers
+            .iter()
+            .filter(|row| row.local.as_ref().is_some_and(|w| w.undecided))
+            .map(|row| row.layer)
+            .collect();
         match &self.first_local_divergence {
+            None if !undecided.is_empty() => {
+                let _ = writeln!(
+                    out,
+                    "{} layers {undecided:?} are within what the summaries can bound, but their \
+                     estimated error is past the tolerance: capture the isolated run to decide",
+                    colors.warn("undecided:")
+                );
+            }
             None => {
                 let _ = writeln!(
                     out,
@@ -183,16 +224,20 @@ impl<'a> Local<'a> {
         let cell = |worst: &Option<Worst<'_>>| match worst {
             None => format!("{:<31}", "-"),
             Some(w) => {
+                let estimate = if w.exact { "" } else { "≈" };
                 let error = w
                     .relative_error
-                    .map_or_else(|| "-".to_owned(), |e| format!("{e:.2e}"));
+                    .map_or_else(|| "-".to_owned(), |e| format!("{estimate}{e:.2e}"));
                 format!("{:<12} {:>7} {:>10}", w.stage, ratio_text(w.ratio), error)
             }
         };
         for row in &self.local_layers {
             let own = row.local.as_ref().is_some_and(|w| w.ratio > 1.0);
+            let undecided = row.local.as_ref().is_some_and(|w| w.undecided);
             let verdict = if own {
                 colors.bad("wrong on its own")
+            } else if undecided {
+                colors.warn("undecided: capture to tell")
             } else if row.inherited.as_ref().is_some_and(|w| w.ratio > 1.0) {
                 colors.dim("inherited")
             } else {

@@ -37,7 +37,7 @@ pub enum Action {
     /// Every selected value is multiplied by the factor.
     Scale(f32),
     /// The vector is added to each selected row (steering): its length is the tensor's last
-    /// dimension. `source`: the file and tensor it was read from, for `add(FILE:TENSOR)`.
+    /// dimension.
     Add(Arc<[f32]>),
     /// [`Add`](Self::Add) of a vector read from a file, which it is written as.
     AddFrom {
@@ -96,8 +96,10 @@ impl Action {
         Ok(Self::Replace(Arc::new(reference)))
     }
 
-    /// Parses `zero`, `scale(F)`, `add(V1 V2 ...)` (values separated by spaces or commas) or
-    /// `replace(FILE)` (which reads the trace's captures now).
+    /// Parses `zero`, `scale(F)`, `add(V1 V2 ...)` (values separated by spaces or commas),
+    /// `add(FILE[:TENSOR])` ([`add_from`](Self::add_from)), `replace(FILE)` or
+    /// `replace(FILE,pass=N)` ([`replace`](Self::replace), [`replace_from_pass`](Self::replace_from_pass);
+    /// both read the trace's captures now).
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
         if text == "zero" {

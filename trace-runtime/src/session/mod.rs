@@ -517,9 +517,9 @@ impl SessionBuilder {
         self
     }
 
-    /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT`, `MODEL_TRACE_CAPTURE` and `MODEL_TRACE_PATCH`
-    /// for what the builder was not given explicitly (`MODEL_TRACE_PATCH`'s interventions come
-    /// before those given to the builder).
+    /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT`, `MODEL_TRACE_CAPTURE`, `MODEL_TRACE_PATCH` and
+    /// `MODEL_TRACE_ISOLATE` for what the builder was not given explicitly
+    /// (`MODEL_TRACE_PATCH`'s interventions come before those given to the builder).
     pub fn from_env(mut self) -> Self {
         self.from_env = true;
         self
