@@ -121,7 +121,7 @@ impl<'a> Worst<'a> {
             && pair
                 .error
                 .relative_error
-                .is_some_and(|e| e > f64::from(pair.tolerance.rtol));
+                .is_some_and(|e| e > pair.tolerance.rtol);
         Self {
             stage: &pair.name,
             ratio,

@@ -43,7 +43,7 @@ fn write(dir: &Path, name: &str, model: &Model, capture: bool, isolate: Option<&
     let path = dir.join(name);
     let mut builder = Session::builder(ModelTracerConfig::lightweight()).trace_file(&path);
     if capture {
-        builder = builder.capture("layer:*");
+        builder = builder.capture("*");
     }
     if let Some(reference) = isolate {
         builder = builder.isolate(reference);
@@ -68,7 +68,7 @@ fn isolation_names_the_buggy_layer_and_no_other() {
     let reference = write(&dir, "ref.ndjson", &Model { bug: None }, true, None);
     let buggy = Model { bug: Some(1) };
     let port = write(&dir, "port.ndjson", &buggy, false, None);
-    let isolated = write(&dir, "isolated.ndjson", &buggy, false, Some(&reference));
+    let isolated = write(&dir, "isolated.ndjson", &buggy, true, Some(&reference));
     let [reference, port, isolated] = [&reference, &port, &isolated].map(|p| p.to_str().unwrap());
 
     let (code, plain) = json(&["diff", reference, port, "--json"]);
@@ -107,6 +107,19 @@ fn isolation_names_the_buggy_layer_and_no_other() {
     assert_eq!(alone["first_divergence"]["layer"], 1);
     let list = text(&run(&["list", isolated]));
     assert!(list.contains("changed by: stage=input replace("), "{list}");
+
+    // Not captured, the isolated run is judged by its summaries, which is said.
+    let uncaptured = write(
+        &dir,
+        "uncaptured.ndjson",
+        &buggy,
+        false,
+        Some(Path::new(reference)),
+    );
+    let uncaptured = uncaptured.to_str().unwrap();
+    let (_, summaries) = json(&["diff", reference, port, "--isolated", uncaptured, "--json"]);
+    let warning = summaries["isolation_warning"].as_str().unwrap();
+    assert!(warning.contains("compared by their summaries"), "{warning}");
 }
 
 #[test]
