@@ -20,7 +20,10 @@ use crate::tracepoint::Tracepoint;
 ///   (`[.., seq, hidden]`); the other rows keep their values. Default: every row.
 ///
 /// `RANGE` is `N`, `A..B` (B excluded), `A..=B`, `A..` or `..B`. Patterns are optional: without
-/// them every tracepoint is eligible. Examples: `layer=7` (layer 7's output),
+/// them every tracepoint is eligible. As in the capture filter, a layer's `input` and `output`
+/// belong to its `layer` tracepoint and a stage to its own `tensor` tracepoint (named like the
+/// stage), so `layer:forward,stage=attn_out` selects nothing: write `stage=attn_out` or
+/// `tensor:attn_out`. Examples: `layer=7` (layer 7's output),
 /// `stage=input,layer=0..` (every layer's input), `stage=attn_out,layer=3,position=5`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterventionSelector {
