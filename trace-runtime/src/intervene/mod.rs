@@ -154,9 +154,7 @@ pub(crate) fn apply(
     for (&o, &n) in old.iter().zip(&new) {
         before += f64::from(o) * f64::from(o);
         let d = f64::from(n) - f64::from(o);
-        if d != 0.0 || n.to_bits() != o.to_bits() {
-            delta += d * d;
-        }
+        delta += d * d;
     }
     tensor
         .overwrite(&new, site.shape)
