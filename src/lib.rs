@@ -218,34 +218,58 @@ pub use trace_runtime::*;
 /// Arguments, all optional:
 /// - `position = EXPR`: the position of the pass (any integer type); by default the passes of
 ///   the session are counted 0, 1, 2, ...
+/// - `tokens = EXPR`: the token ids the pass consumes, a borrow of them ([`PassTokens`]:
+///   `&[u32]`, `&Vec<i64>`, an array of any integer type, and with the `candle` feature an
+///   integer `&Tensor`, `[seq]` or `[batch, seq]`, whose rows are taken one after another),
+///   written as `tokens` in the pass's `pass_begin` event, so that a reference implementation
+///   can be run on exactly these tokens; absent when not given. Read when the pass begins, and
+///   only when it is traced (a device's tensor is copied to the host then). Ids that cannot be
+///   read (a float tensor, another rank, an id outside `u32`) are an error of the session,
+///   [`Session::errors`], and the pass begins without them.
 /// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// Compiled out, `position` and `tokens` are type-checked and never evaluated.
 ///
 /// A `#[trace_model]` nested in another joins the pass already open. Layers recorded without
 /// one are counted as one implicit pass, with a warning: annotate the forward function.
 ///
 /// ```
-/// use model_trace::{trace_layer, trace_model, ModelTracerConfig, Session};
+/// use model_trace::{trace_layer, trace_model, Event, ModelTracerConfig, Session, TraceReader};
 ///
 /// #[trace_layer]
 /// fn block(x: &[f32]) -> Vec<f32> {
 ///     x.iter().map(|v| v * 0.5).collect()
 /// }
 ///
-/// #[trace_model(position = start, name = "decoder")]
-/// fn decode(tokens: &[f32], start: usize) -> Vec<f32> {
+/// #[trace_model(position = start, tokens = ids, name = "decoder")]
+/// fn decode(embeddings: &[f32], ids: &[u32], start: usize) -> Vec<f32> {
 ///     assert!(start < 2048);
-///     block(&block(tokens))
+///     block(&block(embeddings))
 /// }
 ///
 /// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
 /// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
-/// let session = Session::start(ModelTracerConfig::lightweight());
-/// decode(&[1.0, 2.0], 7);
+/// # let dir = std::env::temp_dir().join(format!("model-trace-doc-tokens-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// # let path = dir.join("decode.ndjson");
+/// let session = Session::builder(ModelTracerConfig::lightweight())
+///     .trace_file(&path)
+///     .in_memory(true)
+///     .start()
+///     .expect("the file can be created");
+/// decode(&[1.0, 2.0], &[1, 9152], 7);
 /// let tracer = session.finish();
 /// if model_trace::ENABLED {
 ///     assert_eq!(tracer.activation_traces()[0].position, 7);
 ///     assert_eq!(tracer.activation_traces()[0].layers.len(), 2);
+///     // {"event":"pass_begin",...,"position":7,...,"tokens":[1,9152]}
+///     let tokens = TraceReader::open(&path).unwrap().find_map(|event| match event {
+///         Ok(Event::PassBegin(begin)) => begin.tokens,
+///         _ => None,
+///     });
+///     assert_eq!(tokens, Some(vec![1, 9152]));
 /// }
+/// # std::fs::remove_dir_all(&dir).unwrap();
 /// ```
 ///
 /// # Pipeline parallelism

@@ -4,7 +4,8 @@
     with model_trace.torch.trace(model, "ref.ndjson"):
         model(**inputs)
 
-Every forward call of ``model`` is a pass; each transformer block a layer, with its input, its
+Every forward call of ``model`` is a pass, which records the ``input_ids`` it consumes (its
+``pass_begin`` event's ``tokens``); each transformer block a layer, with its input, its
 output and the stages of the stage vocabulary (docs/trace-format.md) in between; attention
 probabilities (when the model runs eager attention) and the next-token logits are recorded too.
 Hugging Face transformers' BERT and Llama blocks are known; for other architectures give the
@@ -296,7 +297,8 @@ def trace(
         return captures.captures(tracepoint, writer.pass_index, layer)
 
     def top_pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        writer.begin_pass(position=_position(args, kwargs), function=type(model).__name__)
+        writer.begin_pass(position=_position(args, kwargs), function=type(model).__name__,
+                          tokens=_token_ids(args, kwargs))
 
     def top_post(*_: Any) -> None:
         writer.end_pass()
@@ -341,6 +343,24 @@ def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[int, Pendi
     if past is not None and hasattr(past, "get_seq_length"):
         return int(past.get_seq_length())
     return 0
+
+
+def _token_ids(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[List[int], Pending, None]:
+    """The token ids a pass consumes: ``input_ids``, given by keyword or as the first positional
+    argument, a batch's rows one after another; None when the model was given no integer ids
+    (``inputs_embeds``). A CUDA tensor's are copied like the tensors (reading them now would
+    wait for the device)."""
+    import torch
+
+    ids = kwargs.get("input_ids")
+    if ids is None and args:
+        ids = args[0]
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
+        return None
+    flat = ids.detach().reshape(-1)
+    if flat.device.type in ASYNC_COPY_DEVICES:
+        return _HostCopy(flat)
+    return flat.tolist()
 
 
 def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_name: str,

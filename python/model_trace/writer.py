@@ -333,9 +333,11 @@ class TraceWriter:
     # -- passes --------------------------------------------------------------------------------
 
     def begin_pass(self, position: Union[int, Pending, None] = None, tracepoint: str = "forward",
-                   function: str = "") -> int:
+                   function: str = "", tokens: Union[Sequence[int], Pending, None] = None) -> int:
         """``position``: the pass's first token's (default: the pass's index), or a
-        :class:`Pending` whose first value it is."""
+        :class:`Pending` whose first value it is. ``tokens``: the token ids the pass consumes,
+        integers from 0 to 2**32 - 1 (anything numpy reads, a batch's rows one after another),
+        or a :class:`Pending` of them; written as the event's ``tokens``, absent when None."""
         if self.pass_index is not None:
             self.end_pass()
         self.pass_index = self.passes
@@ -355,8 +357,18 @@ class TraceWriter:
             "tracepoint": tracepoint,
             "function": function,
             "start_ns": self.pass_start,
+            **({} if tokens is None else {"tokens": self._token_ids(tokens)}),
         })
         return self.pass_index
+
+    def _token_ids(self, tokens: Union[Sequence[int], Pending]) -> Any:
+        if isinstance(tokens, Pending):
+            self._waiting.append(tokens)
+            return _DeferredIntegers(tokens)
+        ids = np.asarray(tokens).reshape(-1)
+        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 1 << 32):
+            raise ValueError(f"model_trace: token ids must be integers in 0..2**32, not {ids.tolist()}")
+        return ids.tolist()
 
     def end_pass(self) -> None:
         if self.pass_index is None:
@@ -620,6 +632,13 @@ class _DeferredInteger(_Deferred):
 
     def json(self, texts: _Texts) -> str:
         return str(int(self.pending.values.reshape(-1)[0]))
+
+
+class _DeferredIntegers(_DeferredInteger):
+    """The integers that are a :class:`Pending`'s values, in order (a pass's token ids)."""
+
+    def json(self, texts: _Texts) -> str:
+        return "[" + ",".join(map(str, self.pending.values.reshape(-1).tolist())) + "]"
 
 
 class _DeferredList(_Deferred):

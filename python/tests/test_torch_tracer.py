@@ -141,6 +141,40 @@ def test_asynchronous_copies_give_the_trace_of_blocking_ones(tiny_llama, tmp_pat
     assert all(captured[0][name].tobytes() == captured[1][name].tobytes() for name in captured[0])
 
 
+def pass_tokens(events):
+    return [e.get("tokens") for e in events if e["event"] == "pass_begin"]
+
+
+def test_each_pass_records_the_input_ids_it_consumed(tiny_llama, tmp_path):
+    """By keyword or as the first positional argument, a batch's rows one after another; a
+    pass given embeddings has none."""
+    path = tmp_path / "t.ndjson"
+    with torch.no_grad(), model_trace.torch.trace(tiny_llama, str(path)):
+        tiny_llama(input_ids=torch.tensor([[1, 2, 3]]))
+        tiny_llama(torch.tensor([[4, 5], [6, 7]]))
+        tiny_llama(inputs_embeds=tiny_llama.get_input_embeddings()(torch.tensor([[8]])))
+    assert pass_tokens(model_trace.read_trace(str(path))[1]) == [[1, 2, 3], [4, 5, 6, 7], None]
+
+
+def test_a_generation_s_passes_record_the_prompt_then_each_new_token(tiny_llama, tmp_path):
+    path = tmp_path / "t.ndjson"
+    prompt = torch.tensor([[1, 2, 3]])
+    with torch.no_grad(), model_trace.torch.trace(tiny_llama, str(path)):
+        generated = tiny_llama.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    ids = generated[0].tolist()
+    assert pass_tokens(model_trace.read_trace(str(path))[1]) == [ids[:3], [ids[3]], [ids[4]]]
+
+
+def test_device_input_ids_are_copied_like_the_tensors(tiny_llama, copies_of_cpu_tensors, tmp_path):
+    """A CUDA tensor's ids (here a CPU tensor taken down that path) are read after the pass's
+    one synchronisation, not when the pass begins."""
+    path = tmp_path / "t.ndjson"
+    with torch.no_grad(), model_trace.torch.trace(tiny_llama, str(path)):
+        tiny_llama(input_ids=torch.tensor([[1, 9, 3]]))
+    assert copies_of_cpu_tensors.waits == 1 and not copies_of_cpu_tensors.begun
+    assert pass_tokens(model_trace.read_trace(str(path))[1]) == [[1, 9, 3]]
+
+
 def test_a_device_cache_position_is_copied_like_the_tensors(copies_of_cpu_tensors, tmp_path):
     position = model_trace.torch._position((), {"cache_position": torch.tensor([7, 8, 9])})
     assert isinstance(position, model_trace.torch._HostCopy)

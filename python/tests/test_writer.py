@@ -164,7 +164,7 @@ def record(path, wrap, flush_floats=None):
     writer = TraceWriter(str(path), capture="*")
     if flush_floats is not None:
         writer.PENDING_FLOATS = flush_floats
-    writer.begin_pass(wrap(np.array(4, dtype=np.int64)))
+    writer.begin_pass(wrap(np.array(4, dtype=np.int64)), tokens=wrap(np.array([[1, 9152], [28, 0]], dtype=np.int64)))
     for layer in range(3):
         writer.begin_layer(layer, "layer", f"layers.{layer}")
         writer.stage("input", wrap(rng.standard_normal((1, 3, 8)).astype(np.float32)), wants_capture=layer == 1)
@@ -194,6 +194,7 @@ def test_pending_values_are_read_after_one_wait_a_batch_and_written_as_the_value
     written = record(tmp_path / "pending" / "t.ndjson", lambda values: FakeCopy(values, clock), flush_floats)
     assert written == expected
     assert expected[0]["position"] == 4 and expected[0]["event"] == "pass_begin"
+    assert expected[0]["tokens"] == [1, 9152, 28, 0]
     # One a pass (its batch); written within the passes, one for each batch that holds some.
     assert clock.waits == 2 if flush_floats is None else 2 < clock.waits < 11
     summaries = [s["tensor"] for e in expected for s in e.get("stages", [])]
@@ -212,3 +213,30 @@ def test_a_batch_written_within_a_pass_keeps_the_open_layers_stages(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     assert record(tmp_path / "a" / "t.ndjson", lambda values: values, 40) == record(tmp_path / "b" / "t.ndjson", lambda values: values)
+
+
+def test_a_pass_s_tokens_are_written_last_when_given_and_absent_otherwise(tmp_path):
+    """``pass_begin.tokens`` as the Rust writer writes it: the last key, integers; no key when the
+    pass was given none. The reader keeps it."""
+    path = tmp_path / "t.ndjson"
+    writer = TraceWriter(str(path))
+    writer.begin_pass(0, tokens=[1, 9152, 28])
+    writer.begin_pass(3, tokens=np.array([42], dtype=np.int32))
+    writer.begin_pass(4, tokens=[])
+    writer.begin_pass(5)
+    writer.close()
+    lines = [line for line in path.read_text().splitlines() if '"pass_begin"' in line]
+    assert lines[0].endswith(',"tokens":[1,9152,28]}')
+    assert rust_dumps(json.loads(lines[0])) == lines[0]
+    assert '"tokens"' not in lines[3]
+    _, events = model_trace.read_trace(str(path))
+    begins = [e for e in events if e["event"] == "pass_begin"]
+    assert [b.get("tokens") for b in begins] == [[1, 9152, 28], [42], [], None]
+
+
+@pytest.mark.parametrize("tokens", [[-1], [1 << 32], [3, -100]])
+def test_token_ids_outside_u32_are_refused(tmp_path, tokens):
+    writer = TraceWriter(str(tmp_path / "t.ndjson"))
+    with pytest.raises(ValueError, match="token ids"):
+        writer.begin_pass(0, tokens=tokens)
+    writer.close()

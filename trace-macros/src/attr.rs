@@ -20,7 +20,7 @@ macro_rules! keys {
     };
 }
 
-keys! { name position index input layer len capacity bytes evictions hit_rate reference quant }
+keys! { name position tokens index input layer len capacity bytes evictions hit_rate reference quant }
 
 /// Declares the arguments of one macro: a struct with an `Option` per key, and how a
 /// `key = value` is stored in it. The field is named after the key's keyword.
@@ -59,6 +59,7 @@ arguments! {
     /// `#[trace_model(...)]`.
     ModelArgs {
         position: Expr,
+        tokens: Expr,
         name: LitStr,
     }
 }

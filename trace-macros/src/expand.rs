@@ -96,6 +96,8 @@ pub(crate) fn list(list: List, input: TokenStream) -> syn::Result<TokenStream> {
 #[derive(Clone, Copy)]
 enum Conversion {
     Position,
+    /// Through the public `PassTokens`, which users may implement.
+    Tokens,
     Index,
     Layer,
     Len,
@@ -110,18 +112,19 @@ impl Conversion {
     /// there.
     fn apply(self, expr: &Expr) -> TokenStream {
         let span = expr.span();
-        let name = match self {
-            Conversion::Position => "PositionArg",
-            Conversion::Index => "IndexArg",
-            Conversion::Layer => "LayerArg",
-            Conversion::Len => "LenArg",
-            Conversion::Capacity => "CapacityArg",
-            Conversion::Bytes => "BytesArg",
-            Conversion::Evictions => "EvictionsArg",
-            Conversion::HitRate => "HitRateArg",
+        let (name, method) = match self {
+            Conversion::Position => ("PositionArg", "convert"),
+            Conversion::Tokens => ("PassTokens", "token_ids"),
+            Conversion::Index => ("IndexArg", "convert"),
+            Conversion::Layer => ("LayerArg", "convert"),
+            Conversion::Len => ("LenArg", "convert"),
+            Conversion::Capacity => ("CapacityArg", "convert"),
+            Conversion::Bytes => ("BytesArg", "convert"),
+            Conversion::Evictions => ("EvictionsArg", "convert"),
+            Conversion::HitRate => ("HitRateArg", "convert"),
         };
-        let name = Ident::new(name, span);
-        quote_spanned!(span=> ::model_trace::__private::#name::convert(#expr))
+        let (name, method) = (Ident::new(name, span), Ident::new(method, span));
+        quote_spanned!(span=> ::model_trace::__private::#name::#method(#expr))
     }
 
     /// `Some(converted)`, or `None` when the argument was not given.
@@ -169,9 +172,13 @@ impl TracedFn {
             })
         };
         match &self.args {
-            FnArgs::Model(args) => converted(Conversion::Position, &args.position)
-                .into_iter()
-                .collect(),
+            FnArgs::Model(args) => [
+                converted(Conversion::Position, &args.position),
+                converted(Conversion::Tokens, &args.tokens),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             FnArgs::Layer(args) => {
                 let input = args.input.as_ref().map(|input| quote!(let _ = &(#input);));
                 converted(Conversion::Index, &args.index)
@@ -267,7 +274,7 @@ impl TracedFn {
 
     fn prologue(&self) -> TokenStream {
         match &self.args {
-            FnArgs::Model(args) => model_guard(args.position.as_ref()),
+            FnArgs::Model(args) => model_guard(args.position.as_ref(), args.tokens.as_ref()),
             FnArgs::Layer(args) => self.layer_guard(args.index.as_ref(), args.input.as_ref()),
             FnArgs::Quant(args) => {
                 let call = self.reference_call(&args.reference);
@@ -414,12 +421,16 @@ impl TracedFn {
     }
 }
 
-fn model_guard(position: Option<&Expr>) -> TokenStream {
+/// The pass's guard; `position` and `tokens` are evaluated only when the pass is traced.
+fn model_guard(position: Option<&Expr>, tokens: Option<&Expr>) -> TokenStream {
     let position = Conversion::Position.option(position);
+    let tokens = Conversion::Tokens.option(tokens);
     quote! {
         let __trace_guard = if __TRACE_CALLSITE.is_active() {
             let __trace_position = #position;
-            ::model_trace::__private::ModelGuard::enter(&__TRACE_CALLSITE, __trace_position)
+            let __trace_tokens = #tokens;
+            ::model_trace::__private::ModelGuard::enter(
+                &__TRACE_CALLSITE, __trace_position, __trace_tokens)
         } else {
             ::model_trace::__private::ModelGuard::inactive()
         };

@@ -82,7 +82,7 @@ fn hooks(c: &mut Criterion) {
                 let layers = left.min(30);
                 let session = Session::with_filter(ModelTracerConfig::lightweight(), "")
                     .expect("valid filter");
-                let pass = ModelGuard::enter(&MODEL, None);
+                let pass = ModelGuard::enter(&MODEL, None, None);
                 let start = Instant::now();
                 for _ in 0..layers {
                     black_box(traced_layer(black_box(&x)));

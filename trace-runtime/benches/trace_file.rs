@@ -41,6 +41,7 @@ fn decode_step(pass: usize) -> Vec<Event> {
         tracepoint: Cow::Borrowed("forward"),
         function: Cow::Borrowed("smollm::model::forward"),
         start_ns: 1_000,
+        tokens: None,
     })];
     for layer in 0..LAYERS {
         let layer_seq = next();

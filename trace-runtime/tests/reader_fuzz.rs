@@ -28,6 +28,7 @@ fn sample_trace(values: &[f32]) -> Vec<u8> {
         tracepoint: Cow::Borrowed("forward"),
         function: Cow::Borrowed("m::forward"),
         start_ns: 10,
+        tokens: Some(vec![1, 9152, 28]),
     })];
     for layer in 0..2 {
         events.push(Event::Layer(LayerEvent {

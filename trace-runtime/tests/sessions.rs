@@ -28,7 +28,7 @@ mod disabled {
         assert!(!Session::is_active());
         assert!(!LAYER.is_active());
         let x = vec![1.0f32; 4];
-        let model = ModelGuard::enter(&LAYER, None);
+        let model = ModelGuard::enter(&LAYER, None, None);
         let mut layer = LayerGuard::enter(&LAYER, None, probe!(&x));
         layer.output(probe!(&x));
         __private::record_stage(&LAYER, "post_norm", probe!(&x));
@@ -136,7 +136,7 @@ mod enabled {
     fn forward(x: &[f32], layers: usize, panic_at: Option<usize>) -> Vec<f32> {
         let cs = callsite!(Model, "forward");
         let _guard = if cs.is_active() {
-            ModelGuard::enter(cs, None)
+            ModelGuard::enter(cs, None, None)
         } else {
             ModelGuard::inactive()
         };
@@ -377,7 +377,7 @@ mod enabled {
         // Nothing inside a suspended pass is recorded, what comes after it is.
         let session = Session::with_filter(ModelTracerConfig::lightweight(), "-model:*").unwrap();
         let model = callsite!(Model, "suspended_forward");
-        let pass = ModelGuard::enter(model, None);
+        let pass = ModelGuard::enter(model, None, None);
         assert!(!Session::is_active());
         block(&X, false);
         drop(pass);
@@ -444,7 +444,7 @@ mod enabled {
             [0.5, f32::INFINITY, 2.0, -1.0, 1.0, 0.0],
         ];
         for (position, logits) in steps.iter().enumerate() {
-            let _pass = ModelGuard::enter(model, Some(position));
+            let _pass = ModelGuard::enter(model, Some(position), None);
             block(&X, false);
             __private::record_logits(head, None, probe!(&logits));
         }
@@ -702,7 +702,7 @@ mod enabled {
     fn attention_logits_kv_and_quant_hooks() {
         let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
         let model = callsite!(Model, "full_forward");
-        let pass = ModelGuard::enter(model, Some(5));
+        let pass = ModelGuard::enter(model, Some(5), None);
         let x = vec![1.0f32; 4];
         block(&x, false);
         {

@@ -3,11 +3,11 @@
 //!
 //! Every quantity a tracer reports is reachable on its own, and annotated for model-trace (the
 //! annotations compile to nothing unless the `trace` feature is on): `Model::forward` is the
-//! whole pass (`#[trace_model]`), `Layer::forward` one encoder layer (`#[trace_layer]`, numbered
-//! by the layer's own index), `attn_out` / `resid_mid` / `mlp_out` are named bindings inside it
-//! (`trace_tensor!`, with the meanings of `model_trace::Stage`), and
-//! `SelfAttention::attention_probs` returns exactly the softmaxed attention
-//! (`#[trace_attention]`, recorded under the enclosing layer, every batch row).
+//! whole pass with its token ids (`#[trace_model(tokens = ids)]`), `Layer::forward` one encoder
+//! layer (`#[trace_layer]`, numbered by the layer's own index), `attn_out` / `resid_mid` /
+//! `mlp_out` are named bindings inside it (`trace_tensor!`, with the meanings of
+//! `model_trace::Stage`), and `SelfAttention::attention_probs` returns exactly the softmaxed
+//! attention (`#[trace_attention]`, recorded under the enclosing layer, every batch row).
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -295,8 +295,9 @@ impl Model {
     }
 
     /// `ids`, `mask`: `[batch, seq]` (u32). Returns the last hidden state `[batch, seq, hidden]`.
-    /// One traced forward pass; `embed` and `forward_with_attention` run inside it.
-    #[trace_model]
+    /// One traced forward pass, with its token ids (a batch's rows one after another);
+    /// `embed` and `forward_with_attention` run inside it.
+    #[trace_model(tokens = ids)]
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
         if ids.dims() != mask.dims() {
             candle_core::bail!(

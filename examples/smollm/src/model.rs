@@ -3,7 +3,7 @@
 //!
 //! | annotation                                | site                                   |
 //! |-------------------------------------------|----------------------------------------|
-//! | `#[trace_model(position = position)]`     | [`Model::forward`]                     |
+//! | `#[trace_model(position = position, tokens = tokens)]` | [`Model::forward`]: the pass, with the token ids it runs |
 //! | `#[trace_layer(index = self.index)]`      | [`Block::forward`]                     |
 //! | `trace_tensor!("attn_in" / "attn_out" / "resid_mid" / "mlp_in" / "mlp_out")` | the `let`s of the same names in [`Block::forward`] (the stage vocabulary of `model_trace::Stage`) |
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
@@ -651,7 +651,7 @@ impl Model {
     ///
     /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
     /// must equal the number of positions already cached.
-    #[trace_model(position = position)]
+    #[trace_model(position = position, tokens = tokens)]
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
         let mut x = embed(&self.embeddings, tokens)?;
         continue_sequence(&mut self.caches, position)?;

@@ -3,7 +3,7 @@
 
 use super::read::read_stage;
 use crate::session::state::{self, TensorPlan};
-use crate::tensor::TraceTensor;
+use crate::tensor::{TokensError, TraceTensor};
 use crate::tracepoint::callsite::{Callsite, Interest};
 
 /// Closes a forward pass on drop, also when unwinding from a panic, so a panicking pass is
@@ -18,8 +18,13 @@ pub struct ModelGuard {
 }
 
 impl ModelGuard {
-    /// Begins a forward pass at `position` (`None`: the number of passes begun so far).
-    pub fn enter(cs: &'static Callsite, position: Option<usize>) -> Self {
+    /// Begins a forward pass at `position` (`None`: the number of passes begun so far) that
+    /// consumes `tokens` (`None`: not said; an error: noted, the pass begun without them).
+    pub fn enter(
+        cs: &'static Callsite,
+        position: Option<usize>,
+        tokens: Option<Result<Vec<u32>, TokensError>>,
+    ) -> Self {
         let interest = cs.interest();
         if !interest.runs() {
             return Self::inactive();
@@ -34,7 +39,7 @@ impl ModelGuard {
             };
         }
         let pass = state::with_session(generation, |session| {
-            session.begin_model_pass(cs.tracepoint(), position)
+            session.begin_model_pass(cs.tracepoint(), position, tokens)
         })
         .flatten();
         Self {

@@ -5,8 +5,9 @@
 //! active, so calling a hook when no session records costs one thread-local load.
 //!
 //! One file a step of what generated code does: `callsite` (is this tracepoint active?),
-//! `args` (the macros' numeric arguments), `probe` (is this value a tensor?), `read` (a
-//! tensor's summary), `guards` (passes and layers) and `hooks` (the other records).
+//! `args` (the macros' numeric arguments; `tokens = ..` reads through the public
+//! [`PassTokens`]), `probe` (is this value a tensor?), `read` (a tensor's summary), `guards`
+//! (passes and layers) and `hooks` (the other records).
 
 mod args;
 mod callsite;
@@ -18,7 +19,7 @@ mod read;
 pub use crate::__model_trace_probe as probe;
 pub use crate::__model_trace_probe_mut as probe_mut;
 pub use crate::record::QuantType;
-pub use crate::tensor::TraceTensor;
+pub use crate::tensor::{PassTokens, TraceTensor};
 pub use crate::tracepoint::callsite::{Callsite, FunctionSpan, Registered};
 pub use crate::tracepoint::{Tracepoint, TracepointKind};
 pub use ::inventory;

@@ -162,6 +162,11 @@ pub struct PassBegin {
     pub function: Cow<'static, str>,
     /// When it began, in ns.
     pub start_ns: u64,
+    /// The token ids the pass consumed, when the model said
+    /// (`#[trace_model(tokens = ..)]`, see [`PassTokens`](crate::PassTokens)): a batch's rows one
+    /// after another. Absent from the file when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
 }
 
 /// A forward pass ended.

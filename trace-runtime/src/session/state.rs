@@ -26,7 +26,7 @@ use crate::record::{
 use crate::select::{CaptureFilter, TraceFilter};
 use crate::sink::{LayerBegin, LayerEnd, ModelTracer, TraceSink};
 use crate::summary::TensorSummary;
-use crate::tensor::{PendingSummary, TraceTensor};
+use crate::tensor::{PendingSummary, TokensError, TraceTensor};
 use crate::tracepoint::callsite::{Callsite, Interest};
 use crate::tracepoint::{Tracepoint, TracepointKind};
 
@@ -565,17 +565,32 @@ impl SessionState {
     // -----------------------------------------------------------------------------------------
 
     /// Begins a pass for `#[trace_model]`; `None` when one is already open (the nested call
-    /// joins it). An implicit pass is closed first.
+    /// joins it). An implicit pass is closed first. Token ids that could not be read leave the
+    /// pass without its `tokens`, and are an error of the pass.
     pub(crate) fn begin_model_pass(
         &mut self,
         tracepoint: &'static Tracepoint,
         position: Option<usize>,
+        tokens: Option<Result<Vec<u32>, TokensError>>,
     ) -> Option<usize> {
         if self.pass.as_ref().is_some_and(|pass| pass.explicit) {
             return None;
         }
         self.close_pass();
-        Some(self.begin_pass(Some(tracepoint), position).id)
+        let (tokens, error) = match tokens {
+            Some(Ok(ids)) => (Some(ids), None),
+            Some(Err(error)) => (None, Some(error)),
+            None => (None, None),
+        };
+        let id = self.begin_pass(Some(tracepoint), position, tokens).id;
+        if let Some(error) = error {
+            let kind = match error {
+                TokensError::Rank { .. } => RecordErrorKind::Shape,
+                _ => RecordErrorKind::Read,
+            };
+            self.note_error(Some(tracepoint), kind, format!("tokens: {error}"));
+        }
+        Some(id)
     }
 
     pub(crate) fn end_model_pass(&mut self, id: usize) {
@@ -588,6 +603,7 @@ impl SessionState {
         &mut self,
         tracepoint: Option<&'static Tracepoint>,
         position: Option<usize>,
+        tokens: Option<Vec<u32>>,
     ) -> &mut Pass {
         let id = self.passes_begun;
         self.passes_begun += 1;
@@ -602,6 +618,7 @@ impl SessionState {
             tracepoint: tracepoint_label,
             function,
             start_ns,
+            tokens,
         });
         self.emit(event);
         self.pass.insert(Pass {
@@ -620,7 +637,7 @@ impl SessionState {
         if let Some(pass) = &self.pass {
             return pass.id;
         }
-        let id = self.begin_pass(None, None).id;
+        let id = self.begin_pass(None, None, None).id;
         if !self.implicit_pass_warned {
             self.implicit_pass_warned = true;
             let what = match cause.kind {

@@ -1,4 +1,5 @@
-//! `candle_core::Tensor` as a [`TraceTensor`]: every dtype, every device.
+//! `candle_core::Tensor` as a [`TraceTensor`]: every dtype, every device; and a borrow of an
+//! integer tensor as a pass's [`PassTokens`].
 //!
 //! On the CPU an `f32` contiguous tensor is read in place, under candle's storage lock. A CUDA
 //! tensor (with this crate's `cuda` feature) is summarised on the GPU by one kernel, or copied to
@@ -10,7 +11,7 @@ use std::borrow::Cow;
 
 use candle_core::{DType, Storage, Tensor};
 
-use super::{PendingSummary, SummaryRequest, TensorError, TraceTensor};
+use super::{PassTokens, PendingSummary, SummaryRequest, TensorError, TokensError, TraceTensor};
 use crate::stats::TensorStats;
 
 impl From<candle_core::Error> for TensorError {
@@ -92,6 +93,30 @@ impl TraceTensor for Tensor {
     }
 }
 
+/// `[seq]` or `[batch, seq]` of an integer dtype, the rows one after another, copied to the host
+/// (a device's tensor: one synchronising copy a pass).
+impl PassTokens for &Tensor {
+    fn token_ids(self) -> Result<Vec<u32>, TokensError> {
+        if !matches!(self.rank(), 1 | 2) {
+            return Err(TokensError::Rank {
+                shape: self.dims().to_vec(),
+            });
+        }
+        let read = |error: candle_core::Error| TokensError::Read(error.into());
+        let flat = || self.flatten_all().map_err(read);
+        match self.dtype() {
+            DType::U32 => flat()?.to_vec1::<u32>().map_err(read),
+            DType::U8 => flat()?.to_vec1::<u8>().map_err(read)?.token_ids(),
+            DType::I16 => flat()?.to_vec1::<i16>().map_err(read)?.token_ids(),
+            DType::I32 => flat()?.to_vec1::<i32>().map_err(read)?.token_ids(),
+            DType::I64 => flat()?.to_vec1::<i64>().map_err(read)?.token_ids(),
+            other => Err(TokensError::NotIntegers {
+                dtype: other.as_str(),
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::Device;
@@ -167,5 +192,47 @@ mod tests {
             replaced.overwrite(&[1.0], &[2]),
             Err(TensorError::ShapeMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn integer_tensors_give_their_ids_and_a_batch_its_rows_in_order() {
+        let ids = Tensor::new(&[1_u32, 9152, 28], &Device::Cpu).unwrap();
+        assert_eq!((&ids).token_ids(), Ok(vec![1, 9152, 28]));
+        let batch = Tensor::new(&[[1_i64, 2, 3], [4, 5, 6]], &Device::Cpu).unwrap();
+        assert_eq!((&batch).token_ids(), Ok(vec![1, 2, 3, 4, 5, 6]));
+        // A view: the transposed batch's rows are its columns.
+        let columns = batch.t().unwrap();
+        assert_eq!((&columns).token_ids(), Ok(vec![1, 4, 2, 5, 3, 6]));
+        let small = Tensor::new(&[1_i64, 200, 28], &Device::Cpu).unwrap();
+        for dtype in [DType::U8, DType::I16, DType::I32] {
+            let converted = small.to_dtype(dtype).unwrap();
+            assert_eq!((&converted).token_ids(), Ok(vec![1, 200, 28]), "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn float_tensors_other_ranks_and_negative_ids_are_errors() {
+        let floats = Tensor::new(&[1_f32, 2.0], &Device::Cpu).unwrap();
+        assert_eq!(
+            (&floats).token_ids(),
+            Err(TokensError::NotIntegers { dtype: "f32" })
+        );
+        let scalar = Tensor::new(3_u32, &Device::Cpu).unwrap();
+        assert_eq!(
+            (&scalar).token_ids(),
+            Err(TokensError::Rank { shape: vec![] })
+        );
+        let cube = Tensor::zeros((1, 2, 2), DType::U32, &Device::Cpu).unwrap();
+        assert_eq!(
+            (&cube).token_ids(),
+            Err(TokensError::Rank {
+                shape: vec![1, 2, 2]
+            })
+        );
+        let negative = Tensor::new(&[[4_i64, -100]], &Device::Cpu).unwrap();
+        assert_eq!(
+            (&negative).token_ids(),
+            Err(TokensError::OutOfRange { id: -100 })
+        );
     }
 }

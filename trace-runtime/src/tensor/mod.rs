@@ -5,7 +5,7 @@
 //! tensor per tracepoint would dominate the cost of tracing. Backends whose data sits behind a
 //! lock or on a device override [`TraceTensor::with_f32`] and [`TraceTensor::stats`] instead,
 //! and a device's reads start with [`TraceTensor::start_summary`] and finish at the end of the
-//! forward pass.
+//! forward pass. A pass's token ids are read through [`PassTokens`] (`tokens`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,6 +13,7 @@ use std::fmt;
 use crate::stats::TensorStats;
 
 pub use deferred::{PendingSummary, SummaryRequest};
+pub use tokens::{PassTokens, TokensError};
 
 #[cfg(feature = "candle")]
 mod candle;
@@ -21,6 +22,7 @@ mod cuda;
 mod deferred;
 #[cfg(feature = "ndarray")]
 mod ndarray;
+mod tokens;
 
 /// A value that tracepoints can read as a tensor: a shape and `f32` values in row-major order.
 ///
