@@ -5,7 +5,7 @@
 //! worth is ready, then the chunk is written whole ([`write_atomically`]): a crash never leaves
 //! a half-written chunk under a chunk's name, and the chunks already written stay.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -179,7 +179,7 @@ impl std::error::Error for CaptureError {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct Entry {
     dtype: String,
     shape: Vec<usize>,
@@ -190,13 +190,13 @@ struct Entry {
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// Reads the captured tensor `reference` of the trace file at `trace_path`: its shape and its
-/// values (an `F32` safetensors entry, as this crate and the Python writer save them).
+/// values (an `F32` safetensors entry, as this crate and the Python writer save them). To read
+/// many, use a [`CaptureFiles`], which reads each file's header once.
 pub fn read_capture(
     trace_path: &Path,
     reference: &CaptureRef,
 ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
-    let dir = trace_path.parent().unwrap_or_else(|| Path::new(""));
-    read_f32_tensor(&dir.join(&reference.file), Some(&reference.tensor))
+    CaptureFiles::default().read_capture(trace_path, reference)
 }
 
 /// Reads the `F32` tensor `name` of the safetensors file at `path` (`None`: the file's only
@@ -205,68 +205,140 @@ pub fn read_f32_tensor(
     path: &Path,
     name: Option<&str>,
 ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
-    let path = path.to_path_buf();
-    let io = |source| CaptureError::Io {
-        path: path.clone(),
-        source,
-    };
-    let invalid = |reason: String| CaptureError::Invalid {
-        path: path.clone(),
-        reason,
-    };
-    let mut file = File::open(&path).map_err(io)?;
-    let mut size = [0u8; 8];
-    file.read_exact(&mut size).map_err(io)?;
-    let header_len = u64::from_le_bytes(size);
-    if header_len > MAX_HEADER_BYTES {
-        return Err(invalid(format!(
-            "header of {header_len} bytes is too large"
-        )));
+    CaptureFiles::default().read_f32_tensor(path, name)
+}
+
+/// Reads captured tensors, keeping each safetensors file's index (its header: every tensor's
+/// dtype, shape and offsets) after the first read from it. A capture file of a long run holds
+/// thousands of tensors, and its header is parsed once instead of once a tensor.
+#[derive(Debug, Default)]
+pub struct CaptureFiles {
+    indexes: HashMap<PathBuf, FileIndex>,
+}
+
+/// A safetensors file's header, parsed.
+#[derive(Debug)]
+struct FileIndex {
+    /// Where the tensors' data begins in the file.
+    data_start: u64,
+    entries: HashMap<String, Entry>,
+}
+
+impl CaptureFiles {
+    /// [`read_capture`], with the file's index kept.
+    pub fn read_capture(
+        &mut self,
+        trace_path: &Path,
+        reference: &CaptureRef,
+    ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
+        let dir = trace_path.parent().unwrap_or_else(|| Path::new(""));
+        self.read_f32_tensor(&dir.join(&reference.file), Some(&reference.tensor))
     }
-    let mut header = vec![0u8; usize::try_from(header_len).map_err(|e| invalid(e.to_string()))?];
-    file.read_exact(&mut header).map_err(io)?;
-    let mut entries: BTreeMap<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
-    entries.remove("__metadata__");
-    let tensor = match name {
-        Some(name) => name.to_owned(),
-        None if entries.len() == 1 => entries.keys().next().cloned().unwrap_or_default(),
-        None => {
-            let names: Vec<&String> = entries.keys().collect();
+
+    /// [`read_f32_tensor`], with the file's index kept.
+    pub fn read_f32_tensor(
+        &mut self,
+        path: &Path,
+        name: Option<&str>,
+    ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
+        let io = |source| CaptureError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |reason: String| CaptureError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let index = match self.indexes.entry(path.to_path_buf()) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => {
+                new.insert(FileIndex::read(&mut file, path)?)
+            }
+        };
+        let tensor = match name {
+            Some(name) => name,
+            None if index.entries.len() == 1 => {
+                index.entries.keys().next().map_or("", String::as_str)
+            }
+            None => {
+                let mut names: Vec<&String> = index.entries.keys().collect();
+                names.sort();
+                return Err(invalid(format!(
+                    "{} tensors ({names:?}): name the one to read",
+                    names.len()
+                )));
+            }
+        };
+        let entry = index
+            .entries
+            .get(tensor)
+            .ok_or_else(|| invalid(format!("no tensor named {tensor:?}")))?;
+        if entry.dtype != "F32" {
             return Err(invalid(format!(
-                "{} tensors ({names:?}): name the one to read",
-                names.len()
+                "tensor {tensor:?} is {}, not F32",
+                entry.dtype
             )));
         }
-    };
-    let entry = entries
-        .get(&tensor)
-        .ok_or_else(|| invalid(format!("no tensor named {tensor:?}")))?;
-    let entry: Entry = serde_json::from_value(entry.clone())
-        .map_err(|e| invalid(format!("tensor {tensor:?}: {e}")))?;
-    if entry.dtype != "F32" {
-        return Err(invalid(format!(
-            "tensor {tensor:?} is {}, not F32",
-            entry.dtype
-        )));
+        let [start, end] = entry.data_offsets;
+        let count: usize = entry.shape.iter().product();
+        if end < start || end - start != count * 4 {
+            return Err(invalid(format!(
+                "tensor {tensor:?}: offsets {start}..{end} do not hold shape {:?}",
+                entry.shape
+            )));
+        }
+        file.seek(SeekFrom::Start(index.data_start + start as u64))
+            .map_err(io)?;
+        let mut bytes = vec![0u8; end - start];
+        file.read_exact(&mut bytes).map_err(io)?;
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok((entry.shape.clone(), values))
     }
-    let [start, end] = entry.data_offsets;
-    let count: usize = entry.shape.iter().product();
-    if end < start || end - start != count * 4 {
-        return Err(invalid(format!(
-            "tensor {tensor:?}: offsets {start}..{end} do not hold shape {:?}",
-            entry.shape
-        )));
+}
+
+impl FileIndex {
+    /// The header of the safetensors file `file` (at `path`, for errors).
+    fn read(file: &mut File, path: &Path) -> Result<Self, CaptureError> {
+        let io = |source| CaptureError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |reason: String| CaptureError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut size = [0u8; 8];
+        file.read_exact(&mut size).map_err(io)?;
+        let header_len = u64::from_le_bytes(size);
+        if header_len > MAX_HEADER_BYTES {
+            return Err(invalid(format!(
+                "header of {header_len} bytes is too large"
+            )));
+        }
+        let mut header =
+            vec![0u8; usize::try_from(header_len).map_err(|e| invalid(e.to_string()))?];
+        file.read_exact(&mut header).map_err(io)?;
+        let mut raw: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
+        raw.remove("__metadata__");
+        let entries = raw
+            .into_iter()
+            .map(
+                |(name, value)| match serde_json::from_value::<Entry>(value) {
+                    Ok(entry) => Ok((name, entry)),
+                    Err(e) => Err(invalid(format!("tensor {name:?}: {e}"))),
+                },
+            )
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            data_start: 8 + header_len,
+            entries,
+        })
     }
-    file.seek(SeekFrom::Start(8 + header_len + start as u64))
-        .map_err(io)?;
-    let mut bytes = vec![0u8; end - start];
-    file.read_exact(&mut bytes).map_err(io)?;
-    let values = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Ok((entry.shape, values))
 }
 
 #[cfg(test)]
@@ -312,6 +384,35 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no tensor named"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn capture_files_read_many_tensors_of_one_file_from_its_index() {
+        let dir = std::env::temp_dir().join(format!("capture-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("run.ndjson");
+        let mut writer = CaptureWriter::new(&trace, DEFAULT_CAPTURE_CHUNK_BYTES);
+        let tensors: Vec<(CaptureRef, Vec<f32>)> = (0..5)
+            .map(|i| {
+                let values: Vec<f32> = (0..3 + i).map(|j| (i * 10 + j) as f32).collect();
+                let name = format!("p0.l{i}.output.s{i}");
+                let shape = vec![values.len()];
+                (writer.add(name, shape, values.clone()).unwrap(), values)
+            })
+            .collect();
+        writer.finish().unwrap();
+        let mut files = CaptureFiles::default();
+        // Out of the order written, each twice: the same values as a fresh read gives.
+        for (reference, values) in tensors.iter().rev().chain(&tensors) {
+            assert_eq!(reference.file, "run.tensors-0000.safetensors");
+            let (shape, read) = files.read_capture(&trace, reference).unwrap();
+            assert_eq!((shape, &read), (vec![values.len()], values));
+            assert_eq!(read_capture(&trace, reference).unwrap().1, read);
+        }
+        assert_eq!(files.indexes.len(), 1);
+        let only = files.read_f32_tensor(&dir.join(&tensors[0].0.file), None);
+        assert!(only.unwrap_err().to_string().contains("5 tensors"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,6 +10,8 @@ mod reader;
 
 pub use atomic::write_atomically;
 pub(crate) use capture::CaptureWriter;
-pub use capture::{read_capture, read_f32_tensor, CaptureError, DEFAULT_CAPTURE_CHUNK_BYTES};
+pub use capture::{
+    read_capture, read_f32_tensor, CaptureError, CaptureFiles, DEFAULT_CAPTURE_CHUNK_BYTES,
+};
 pub(crate) use naming::{claim_path, ranked};
 pub use reader::{ReadError, TraceReader};

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::analysis::compare::{full_name, split_full_name, NameMap};
-use crate::format::{read_capture, TraceReader};
+use crate::format::{CaptureFiles, TraceReader};
 use crate::record::Event;
 use crate::summary::CaptureRef;
 
@@ -22,6 +23,9 @@ pub struct ReferenceCaptures {
     /// The reference's pass every replacement comes from; `None`: the pass of the same number.
     pass: Option<usize>,
     captures: HashMap<(usize, usize, String), CaptureRef>,
+    /// The capture files read so far (each header parsed once: isolation reads one tensor a
+    /// layer call).
+    files: Mutex<CaptureFiles>,
 }
 
 impl fmt::Debug for ReferenceCaptures {
@@ -81,6 +85,7 @@ impl ReferenceCaptures {
             path: path.to_owned(),
             pass: None,
             captures,
+            files: Mutex::default(),
         })
     }
 
@@ -131,7 +136,13 @@ impl ReferenceCaptures {
                     self.path.display()
                 )
             })?;
-        let (_, values) = read_capture(&self.path, capture).map_err(|e| e.to_string())?;
+        let mut files = self
+            .files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (_, values) = files
+            .read_capture(&self.path, capture)
+            .map_err(|e| e.to_string())?;
         Ok((values, source))
     }
 }
