@@ -3,7 +3,8 @@
 The page of a SmolLM2 trace (logit lens on) compared with its PyTorch reference must load with
 no console error and no request leaving the file, and every section must draw something: each
 plot's screenshot is checked for content (not compared with a golden image, which fonts and
-browser versions would break). The controls are tried too: another pass, another head.
+browser versions would break). The controls are tried too: another pass, another head. The
+floor's plots (`--floor`) are drawn from small traces the Python writer makes, with known errors.
 """
 
 import io
@@ -26,6 +27,8 @@ if CHROMIUM is None:
 
 from PIL import Image  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
+
+from model_trace.writer import TraceWriter  # noqa: E402
 
 #: Each section and the plots in it that must show something.
 SECTIONS = {
@@ -122,4 +125,124 @@ def test_the_controls_redraw(report, browser):
     # statistics that are not positive fall back to a linear axis without errors
     page.locator("#layers select").nth(0).select_option(label="mean")
     assert drawn(plot.screenshot())[0] > 0.01
+    assert problems == []
+
+
+#: The floor traces' layers and the stages of each, and the factor of the floor's error allowed.
+FLOOR_LAYERS = 6
+FLOOR_STAGES = ["input", "attn_out", "mlp_out", "output"]
+FLOOR_FACTOR = 2
+#: (pass, layer, stage) where this trace's error is past FLOOR_FACTOR times the floor's.
+BEYOND_FLOOR = (1, 4, "mlp_out")
+
+
+def floor_error(p, layer, stage):
+    """The floor's relative error: 1e-4 in layer 0's input, doubling with each layer, larger
+    for each later stage."""
+    return 1e-4 * 2 ** layer * (1 + 0.4 * FLOOR_STAGES.index(stage))
+
+
+def other_error(p, layer, stage):
+    """This trace's: 1.2 to 1.8 times the floor's by stage, 3 times at BEYOND_FLOOR."""
+    factor = 3 if (p, layer, stage) == BEYOND_FLOOR else 1.2 + 0.2 * FLOOR_STAGES.index(stage)
+    return floor_error(p, layer, stage) * factor
+
+
+def write_floor_trace(path, error):
+    """Two passes of FLOOR_LAYERS layers, each stage's tensor the reference's times 1 ± error
+    (the sign alternating by element), every tensor captured."""
+    writer = TraceWriter(str(path), capture="*")
+    elements = np.arange(64)
+    sign = np.where(elements % 2 == 0, 1.0, -1.0)
+    for p in range(2):
+        writer.begin_pass(p)
+        for layer in range(FLOOR_LAYERS):
+            writer.begin_layer(layer, "block", "model.block")
+            for k, stage in enumerate(FLOOR_STAGES):
+                reference = np.sin((elements + 1) * 0.37 + layer + 0.5 * p + k) + 2
+                writer.stage(stage, (reference * (1 + sign * error(p, layer, stage))).astype(np.float32), wants_capture=True)
+            writer.end_layer()
+        writer.end_pass()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def floor_pages(tmp_path_factory):
+    """The report of a trace against its reference with a floor, and without one."""
+    directory = tmp_path_factory.mktemp("floor")
+    ours, ref, floor = directory / "ours.ndjson", directory / "ref.ndjson", directory / "floor.ndjson"
+    write_floor_trace(ref, lambda p, layer, stage: 0.0)
+    write_floor_trace(floor, floor_error)
+    write_floor_trace(ours, other_error)
+    pages = {}
+    for name, options in [("floored", ["--floor", str(floor), "--floor-factor", str(FLOOR_FACTOR)]), ("plain", [])]:
+        pages[name] = directory / f"{name}.html"
+        result = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "report", str(ours), "--against", str(ref),
+                                 *options, "-o", str(pages[name])], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert result.returncode in (0, 1), result.stderr
+        assert pages[name].exists(), result.stderr
+    return pages
+
+
+def svg_lines(page, plot):
+    """Each line a plot draws: its colour, its dashes, and how many points it joins."""
+    return page.locator(f"{plot} svg path").evaluate_all(
+        "paths => paths.map((p) => [p.getAttribute('stroke'), p.getAttribute('stroke-dasharray'),"
+        " (p.getAttribute('d').match(/[ML]/g) || []).length])")
+
+
+def test_the_floor_plots_draw_this_trace_and_the_floor(floor_pages, browser):
+    page, problems, requests = open_page(browser, floor_pages["floored"])
+    assert problems == []
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    diff = page.evaluate("JSON.parse(document.getElementById('report-data').textContent).diff")
+    assert diff["floor"]["factor"] == FLOOR_FACTOR and diff["curve_pass"] == BEYOND_FLOOR[0]
+    assert sorted(diff["stages"]) == sorted(FLOOR_STAGES)
+    assert page.locator("#diff .warn").first.inner_text() == "first divergence: pass 1, layer 4, mlp_out"
+    for plot in ["#diff-floor", "#diff-floor-ratio"]:
+        element = page.locator(plot)
+        element.scroll_into_view_if_needed()
+        box = element.bounding_box()
+        assert box and box["width"] > 100 and box["height"] > 60, (plot, box)
+        ink, colours = drawn(element.screenshot())
+        assert ink > 0.01 and colours > 8, f"{plot} looks blank: {ink:.3%} drawn, {colours} colours"
+    # The errors: per stage, this trace's line solid and the floor's dashed in the same colour,
+    # each through every layer.
+    errors = svg_lines(page, "#diff-floor")
+    solid = [line for line in errors if line[1] is None]
+    dashed = [line for line in errors if line[1] is not None]
+    assert len(solid) == len(dashed) == len(FLOOR_STAGES), errors
+    assert [line[0] for line in solid] == [line[0] for line in dashed]
+    assert len({line[0] for line in solid}) == len(FLOOR_STAGES)
+    assert all(line[2] == FLOOR_LAYERS for line in errors), errors
+    assert len(set(page.locator("#diff-floor svg path").evaluate_all("ps => ps.map((p) => p.getAttribute('d'))"))) == len(errors)
+    legend = page.locator("#diff-floor .legend-row").inner_text()
+    assert all(stage in legend for stage in FLOOR_STAGES) and "the floor" in legend
+    # The ratio: one solid line a stage through every layer, the red line at y = K, and above
+    # it only the point of the tensor past K times the floor's error.
+    ratios = svg_lines(page, "#diff-floor-ratio")
+    assert [line[1] for line in ratios] == [None] * len(FLOOR_STAGES) and all(line[2] == FLOOR_LAYERS for line in ratios)
+    assert [line[0] for line in ratios] == [line[0] for line in solid]
+    limit = page.locator("#diff-floor-ratio svg line[stroke='#c62828'][stroke-dasharray='5 4']")
+    assert limit.count() == 1
+    assert f"{FLOOR_FACTOR}× the floor's" in page.locator("#diff-floor-ratio svg").inner_html()
+    y = float(limit.get_attribute("y1"))
+    dots = page.locator("#diff-floor-ratio svg circle[r='2.6']").evaluate_all(
+        "dots => dots.map((d) => [d.getAttribute('fill'), +d.getAttribute('cx'), +d.getAttribute('cy')])")
+    assert len(dots) == len(FLOOR_STAGES) * FLOOR_LAYERS
+    above = [dot for dot in dots if dot[2] < y]
+    mlp_out = ratios[diff["stages"].index(BEYOND_FLOOR[2])][0]
+    assert len(above) == 1 and above[0][0] == mlp_out, (above, y)
+    columns = sorted({dot[1] for dot in dots})
+    assert columns.index(above[0][1]) == BEYOND_FLOOR[1]
+    words = re.findall(r"\b(?:null|undefined|NaN|\[object \w+\])", page.locator("body").inner_text())
+    assert words == [], "a script value leaked into the page's text"
+    assert problems == []
+
+
+def test_without_a_floor_there_are_no_floor_plots(floor_pages, browser):
+    page, problems, _ = open_page(browser, floor_pages["plain"])
+    assert page.locator("#diff-layers").count() == 1
+    assert page.locator("#diff-floor").count() == 0 and page.locator("#diff-floor-ratio").count() == 0
+    assert page.evaluate("JSON.parse(document.getElementById('report-data').textContent).diff.floor") is None
     assert problems == []

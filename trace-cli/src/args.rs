@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgGroup, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
 use trace_runtime::compare::{
     CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
 };
@@ -106,6 +106,8 @@ pub(crate) struct DiffArgs {
     /// leaves the tolerance, and exits 1 only if one does.
     #[arg(long, value_name = "ISOLATED")]
     pub(crate) isolated: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) floor: FloorArgs,
     /// Write the result as JSON on stdout instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -113,6 +115,7 @@ pub(crate) struct DiffArgs {
 
 /// Options of `report`.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("floored").arg("floor").requires("against")))]
 pub(crate) struct ReportArgs {
     /// The trace file, or the rank files of one run (as for `list`).
     #[arg(required = true)]
@@ -129,6 +132,48 @@ pub(crate) struct ReportArgs {
     /// else the one with the largest error).
     #[arg(long)]
     pub(crate) pass: Option<usize>,
+    #[command(flatten)]
+    pub(crate) floor: FloorArgs,
+}
+
+/// A second implementation's trace that sets the tolerances (`diff`, `report --against`).
+#[derive(Debug, Args)]
+pub(crate) struct FloorArgs {
+    /// A second implementation's trace of the same model and input, trusted (for example
+    /// llama.cpp's, against a reference from transformers), that sets the tolerance tensor by
+    /// tensor: the floor's error is the smallest rtol at which FLOOR is close to the reference
+    /// (with the same atol and --check-error-stat), and the compared trace is judged with the
+    /// larger of the given rtol and --floor-factor times that. Where a trace is compared with
+    /// the reference by summaries (one side not captured, or --summaries-only), its error is
+    /// the smallest rtol at which every summary is within the bound that rtol implies (marked
+    /// ≈: a lower bound on the captures' under elementwise and norm, an estimate under the
+    /// others). A tensor FLOOR lacks, has in another shape, or is close at no rtol keeps the
+    /// given rtol, and a warning names it. `diff --isolated` judges the isolated run by the
+    /// same tolerances; `report` needs --against and plots the floor's error beside the
+    /// trace's, layer by layer.
+    #[arg(long, value_name = "FLOOR")]
+    pub(crate) floor: Option<PathBuf>,
+    /// With --floor, how many times the floor's error the compared trace may have (a number
+    /// above 0).
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "floor",
+        default_value_t = DEFAULT_FLOOR_FACTOR,
+        value_parser = floor_factor
+    )]
+    pub(crate) floor_factor: f64,
+}
+
+/// `--floor-factor`'s default.
+const DEFAULT_FLOOR_FACTOR: f64 = 2.0;
+
+/// `--floor-factor K`: a finite number above 0.
+fn floor_factor(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(k) if k.is_finite() && k > 0.0 => Ok(k),
+        _ => Err("must be a finite number above 0".to_owned()),
+    }
 }
 
 /// How two traces are compared (`diff`, `report --against`).

@@ -8,17 +8,17 @@
 //! first [`LISTED`] unmatched tensors and warnings of each kind. Memory does not grow with the
 //! tensors of a pass times the passes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use serde::Serialize;
 use trace_runtime::compare::{
-    compare, full_name, CompareOptions, ErrorStat, TensorComparison, TraceTensors, TracedTensor,
-    Unmatched, UnusedOverride, Verdict,
+    compare, compare_with_least_rtol, full_name, CompareOptions, TensorComparison, TensorKey,
+    Tolerances, TraceTensors, TracedTensor, Unmatched, UnusedOverride, Verdict,
 };
-use trace_runtime::{read_capture, CaptureError};
+use trace_runtime::{CaptureError, CaptureFiles, Event};
 
 use crate::input::{TraceFile, TraceRun};
 use crate::load::{self, InputError};
@@ -34,65 +34,99 @@ pub(crate) const LISTED: usize = 1000;
 /// Passes read ahead of the comparison, per trace.
 const PASSES_AHEAD: usize = 4;
 
-/// Two traces read and compared.
+/// Passes of a trace whose token ids differ from the reference's, each a warning of its own;
+/// the others are counted in one.
+const TOKEN_WARNINGS: usize = 3;
+
+/// Token ids shown of a pass's, in a warning.
+const SHOWN_TOKENS: usize = 8;
+
+/// Two traces read and compared, with a floor's trace where one sets the tolerances.
 pub(crate) struct Diffed {
     files: [FileInfo; 2],
+    floor: Option<FileInfo>,
     options: CompareOptions,
     found: Found,
 }
 
+/// A second implementation's trace that sets the tolerance tensor by tensor (`--floor`): a
+/// tensor's rtol is the larger of the given one and `factor` times the floor's error, the
+/// smallest rtol at which the floor is close to the reference.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Floor<'a> {
+    pub(crate) path: &'a Path,
+    /// How many times the floor's error the other trace may have.
+    pub(crate) factor: f64,
+}
+
 impl Diffed {
-    /// Reads both traces (one thread each) and compares them pass by pass, reading captured
-    /// tensors where `options` says to. The per-layer table will be about `pass` (default: the
-    /// first divergence's, else the one with the largest error).
+    /// Reads the traces (one thread each) and compares them pass by pass, reading captured
+    /// tensors where `options` says to; with a `floor`, compares it with the reference first,
+    /// pass by pass, and judges `other` by the tolerances it sets. The per-layer table will be
+    /// about `pass` (default: the first divergence's, else the one with the largest error).
     pub(crate) fn read(
         reference: &Path,
         other: &Path,
+        floor: Option<Floor<'_>>,
         options: CompareOptions,
         pass: Option<usize>,
     ) -> Result<Self, InputError> {
         let ref_run = TraceRun::open(&[reference.to_path_buf()])?;
         let other_run = TraceRun::open(&[other.to_path_buf()])?;
-        ref_run.warn_missing_ranks();
-        other_run.warn_missing_ranks();
-        let mut found = Found::new(pass, &options);
+        let floor_run = floor
+            .map(|f| TraceRun::open(&[f.path.to_path_buf()]))
+            .transpose()?;
+        let runs: Vec<&TraceRun> = [Some(&ref_run), Some(&other_run), floor_run.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        for run in &runs {
+            run.warn_missing_ranks();
+        }
+        let mut found = Found::new(pass, &options, floor.map(|f| f.factor));
         // An isolated run was fed the reference's layer inputs: they match by construction
         // (up to the run's own dtype), so its first divergence is sought among what the layers
         // computed.
         found.inputs_fed = other_run.header().isolate.is_some();
-        let (ref_read, other_read) = std::thread::scope(|scope| {
-            let (ref_tx, ref_rx) = sync_channel(PASSES_AHEAD);
-            let (other_tx, other_rx) = sync_channel(PASSES_AHEAD);
-            // Each reader owns its sender: when it ends, the comparison sees the end.
-            let (ref_run, other_run) = (&ref_run, &other_run);
-            let ref_read = scope.spawn(move || read_passes(ref_run, &ref_tx));
-            let other_read = scope.spawn(move || read_passes(other_run, &other_tx));
-            found.compare_passes(&ref_rx, &other_rx, &options);
-            // A reader stopped by an error has dropped its sender; the other may still be
-            // sending: stop listening so that it ends.
-            drop((ref_rx, other_rx));
-            let joined = |read: std::thread::ScopedJoinHandle<'_, _>| {
-                read.join()
-                    .unwrap_or_else(|_| Err("reading a trace failed".to_owned()))
-            };
-            (joined(ref_read), joined(other_read))
+        let reads: Vec<Result<ReadPasses, InputError>> = std::thread::scope(|scope| {
+            let mut receivers = Vec::with_capacity(runs.len());
+            let mut readers = Vec::with_capacity(runs.len());
+            for &run in &runs {
+                // Each reader owns its sender: when it ends, the comparison sees the end.
+                let (send, receive) = sync_channel(PASSES_AHEAD);
+                readers.push(scope.spawn(move || read_passes(run, &send)));
+                receivers.push(receive);
+            }
+            let labels: Vec<&str> = runs.iter().map(|run| run.label.as_str()).collect();
+            found.compare_passes(&receivers, &options, &labels);
+            // A reader stopped by an error has dropped its sender; the others may still be
+            // sending: stop listening so that they end.
+            drop(receivers);
+            readers
+                .into_iter()
+                .map(|read| {
+                    read.join()
+                        .unwrap_or_else(|_| Err("reading a trace failed".to_owned()))
+                })
+                .collect()
         });
-        let (ref_read, other_read) = (ref_read?, other_read?);
-        if ref_read.tensors == 0 {
+        let reads = reads.into_iter().collect::<Result<Vec<_>, _>>()?;
+        if reads[0].tensors == 0 {
             return Err(format!(
                 "{}: no tensors to compare (no layer, attention or logits events)",
                 ref_run.label
             ));
         }
         if found.counts.matched == 0 {
-            return Err(format!(
-                "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
-                 (--map llama|bert|FILE renames them)",
-                other_run.label, ref_run.label
-            ));
+            return Err(no_match(&other_run, &ref_run));
         }
-        found.finish(&options, [&ref_read, &other_read], [&ref_run, &other_run]);
-        let info = |run: &TraceRun, read: ReadPasses| FileInfo {
+        if let Some(floor_run) = &floor_run {
+            if found.floor_matched == 0 {
+                return Err(no_match(floor_run, &ref_run));
+            }
+        }
+        found.finish(&options, &reads, &runs);
+        let info = |run: &TraceRun, read: &ReadPasses| FileInfo {
             path: run.label.clone(),
             writer: run.header().writer.clone(),
             ranks: run.is_ranked().then_some(run.files.len()),
@@ -102,7 +136,8 @@ impl Diffed {
             isolate: run.header().isolate.clone(),
         };
         Ok(Self {
-            files: [info(&ref_run, ref_read), info(&other_run, other_read)],
+            files: [info(&ref_run, &reads[0]), info(&other_run, &reads[1])],
+            floor: floor_run.as_ref().map(|run| info(run, &reads[2])),
             options,
             found,
         })
@@ -110,7 +145,7 @@ impl Diffed {
 
     /// What to report.
     pub(crate) fn report(&self) -> Report<'_> {
-        Report::new(&self.files, &self.found, &self.options)
+        Report::new(&self.files, self.floor.as_ref(), &self.found, &self.options)
     }
 
     /// Whether a tensor diverged.
@@ -119,7 +154,7 @@ impl Diffed {
     }
 
     /// The compared tensors of the pass the per-layer table is about.
-    pub(crate) fn table_pairs(&self) -> &[TensorComparison] {
+    pub(crate) fn table_pairs(&self) -> &[Judged] {
         &self.found.table.pairs
     }
 
@@ -130,24 +165,23 @@ impl Diffed {
 
     /// The first divergence (for an isolated run, the first among what the layers computed).
     pub(crate) fn first(&self) -> Option<&TensorComparison> {
-        self.found.first.as_ref()
+        self.found.first.as_ref().map(|first| &first.pair)
+    }
+
+    /// The floor's trace, and how many times its error the other may have.
+    pub(crate) fn floor(&self) -> Option<(&str, f64)> {
+        let file = self.floor.as_ref()?;
+        Some((&file.path, self.found.floor_factor?))
     }
 
     /// Per layer of the table's pass, its worst tensor and that tensor's ratio; an isolated
     /// run's layer inputs, fed from the reference, left out.
     pub(crate) fn worst_by_layer(&self) -> BTreeMap<usize, (&TensorComparison, f64)> {
-        let mut layers: BTreeMap<usize, (&TensorComparison, f64)> = BTreeMap::new();
-        for pair in &self.found.table.pairs {
-            if self.found.inputs_fed && pair.name == "input" {
-                continue;
-            }
-            let r = ratio(pair);
-            let row = layers.entry(pair.layer).or_insert((pair, r));
-            if r > row.1 {
-                *row = (pair, r);
-            }
-        }
-        layers
+        let fed = |judged: &&Judged| self.found.inputs_fed && judged.pair.name == "input";
+        let computed = self.found.table.pairs.iter().filter(|judged| !fed(judged));
+        (worst_per_layer(computed).into_iter())
+            .map(|(layer, (judged, ratio))| (layer, (&judged.pair, ratio)))
+            .collect()
     }
 
     /// The reference file that an isolated other trace was fed, if it is one.
@@ -164,10 +198,37 @@ impl Diffed {
     }
 }
 
+/// Per layer, the tensor of `pairs` with the largest ratio (the first of equals), and that ratio.
+fn worst_per_layer<'a>(
+    pairs: impl IntoIterator<Item = &'a Judged>,
+) -> BTreeMap<usize, (&'a Judged, f64)> {
+    let mut layers: BTreeMap<usize, (&Judged, f64)> = BTreeMap::new();
+    for judged in pairs {
+        let r = ratio(&judged.pair);
+        let row = layers.entry(judged.pair.layer).or_insert((judged, r));
+        if r > row.1 {
+            *row = (judged, r);
+        }
+    }
+    layers
+}
+
+/// Why nothing was compared: no tensor of `run` matches one of `reference`.
+fn no_match(run: &TraceRun, reference: &TraceRun) -> InputError {
+    format!(
+        "no tensor of {} matches one of {} by (pass, layer, name); the names differ? \
+         (--map llama|bert|FILE renames them)",
+        run.label, reference.label
+    )
+}
+
 /// One pass's tensors of one trace (every rank's); `pass` is `None` for the attention records
 /// made outside any pass, handed on at the end.
 struct PassTensors {
     pass: Option<usize>,
+    /// The token ids the pass consumed, as its `pass_begin` (the first rank's) says; `None`
+    /// where it does not say.
+    tokens: Option<Vec<u32>>,
     tensors: TraceTensors,
 }
 
@@ -176,6 +237,25 @@ impl PassTensors {
     fn order(&self) -> (bool, usize) {
         (self.pass.is_none(), self.pass.unwrap_or(0))
     }
+}
+
+/// The passes `readers` send, aligned: each item holds, reader by reader, its pass of the lowest
+/// order any of them has next (`None` for a reader whose next pass is a later one).
+fn aligned(
+    readers: &[Receiver<PassTensors>],
+) -> impl Iterator<Item = Vec<Option<PassTensors>>> + '_ {
+    let mut heads: Vec<Option<PassTensors>> = readers.iter().map(|r| r.recv().ok()).collect();
+    std::iter::from_fn(move || {
+        let order = heads.iter().flatten().map(PassTensors::order).min()?;
+        let passes = heads.iter_mut().zip(readers).map(|(head, reader)| {
+            if head.as_ref().is_some_and(|p| p.order() == order) {
+                std::mem::replace(head, reader.recv().ok())
+            } else {
+                None
+            }
+        });
+        Some(passes.collect())
+    })
 }
 
 /// What reading one trace for a comparison gave.
@@ -196,13 +276,21 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
         .collect();
     let mut outside: Vec<TraceTensors> = pending.iter_mut().map(TraceTensors::take).collect();
     let (mut current, mut tensors, mut late) = (None::<usize>, 0, 0);
+    // The token ids of the pass `current`.
+    let mut tokens = None::<Vec<u32>>;
     let mut listening = true;
-    let mut hand_on = |pass: Option<usize>, parts: &mut [TraceTensors]| {
-        let tensors = TraceTensors::merge_ranks(parts.iter_mut().map(TraceTensors::take));
-        if listening && !tensors.tensors.is_empty() {
-            listening = send.send(PassTensors { pass, tensors }).is_ok();
-        }
-    };
+    let mut hand_on =
+        |pass: Option<usize>, tokens: Option<Vec<u32>>, parts: &mut [TraceTensors]| {
+            let tensors = TraceTensors::merge_ranks(parts.iter_mut().map(TraceTensors::take));
+            if listening && !tensors.tensors.is_empty() {
+                let pass = PassTensors {
+                    pass,
+                    tokens,
+                    tensors,
+                };
+                listening = send.send(pass).is_ok();
+            }
+        };
     let notes = load::read(run, |file, event| {
         let at = rank_index(run, file);
         let pass = event.pass();
@@ -215,18 +303,23 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
             }
             (Some(p), c) => {
                 if c.is_some_and(|c| c < p) {
-                    hand_on(c, &mut pending);
+                    hand_on(c, tokens.take(), &mut pending);
                 }
                 current = Some(p);
+                // The reader hands on one begin of a pass: the first rank's.
+                if let Event::PassBegin(begin) = event {
+                    tokens = begin.tokens;
+                    return;
+                }
                 let before = pending[at].tensors.len();
                 pending[at].push(event);
                 tensors += pending[at].tensors.len() - before;
             }
         }
     })?;
-    hand_on(current, &mut pending);
+    hand_on(current, tokens, &mut pending);
     tensors += outside.iter().map(|t| t.tensors.len()).sum::<usize>();
-    hand_on(None, &mut outside);
+    hand_on(None, None, &mut outside);
     Ok(ReadPasses {
         notes,
         tensors,
@@ -243,22 +336,136 @@ fn rank_index(run: &TraceRun, file: &TraceFile) -> usize {
 }
 
 /// The values of a captured tensor, read from beside the trace file it came from.
-fn captured(_: &TraceTensors, tensor: &TracedTensor) -> Option<Result<Vec<f32>, CaptureError>> {
+fn captured(
+    files: &mut CaptureFiles,
+    tensor: &TracedTensor,
+) -> Option<Result<Vec<f32>, CaptureError>> {
     let capture = tensor.tensor.capture.as_ref()?;
     let file = tensor.file.as_ref()?;
-    Some(read_capture(file, capture).map(|(_, values)| values))
+    Some(files.read_capture(file, capture).map(|(_, values)| values))
+}
+
+/// A compared tensor, with the tolerance a floor set it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Judged {
+    #[serde(flatten)]
+    pub(crate) pair: TensorComparison,
+    /// The floor's error: the smallest rtol at which the floor is close to the reference for
+    /// this tensor; `null` without `--floor`, or where the floor sets no tolerance.
+    pub(crate) floor_rtol: Option<f64>,
+    /// Whether `floor_rtol` is exact (both captured) rather than bounded by summaries; `null`
+    /// where `floor_rtol` is.
+    floor_exact: Option<bool>,
+    /// Why the floor sets no tolerance for this tensor (`missing`, `shape_mismatch`,
+    /// `not_close`); `null` where it sets one, or without `--floor`.
+    no_floor: Option<NoFloor>,
+    /// The rtol the tensor was judged with: the larger of the given one and the floor factor
+    /// times `floor_rtol`; `null` without `--floor`.
+    pub(crate) allowed_rtol: Option<f64>,
+}
+
+impl Judged {
+    /// `pair`, judged with the tolerance `floor` set (`None`: no floor given).
+    fn new(pair: TensorComparison, floor: Option<FloorOf>) -> Self {
+        let (floor_rtol, floor_exact, no_floor) = match floor {
+            None => (None, None, None),
+            Some(FloorOf::Error { rtol, exact }) => (Some(rtol), Some(exact), None),
+            Some(FloorOf::Without(why)) => (None, None, Some(why)),
+        };
+        Self {
+            allowed_rtol: floor.map(|_| pair.tolerance.rtol),
+            pair,
+            floor_rtol,
+            floor_exact,
+            no_floor,
+        }
+    }
+
+    /// The other's error over the floor's: its least rtol over the floor's (0 where the other
+    /// needs none, infinite where no rtol is enough or the floor needs none); `None` without a
+    /// floor's error for this tensor.
+    pub(crate) fn floor_ratio(&self) -> Option<f64> {
+        let floor = self.floor_rtol?;
+        Some(match self.pair.least_rtol {
+            Some(0.0) => 0.0,
+            Some(other) if floor > 0.0 => other / floor,
+            _ => f64::INFINITY,
+        })
+    }
+}
+
+/// What a floor says of one tensor.
+#[derive(Debug, Clone, Copy)]
+enum FloorOf {
+    /// Its error: the smallest rtol at which it is close to the reference, and whether that
+    /// is exact (both captured).
+    Error { rtol: f64, exact: bool },
+    /// It sets no tolerance.
+    Without(NoFloor),
+}
+
+/// Why a floor sets no tolerance for a tensor (the given rtol then applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum NoFloor {
+    /// The floor has no such tensor.
+    Missing,
+    /// The floor's tensor has another shape than the reference's.
+    ShapeMismatch,
+    /// No rtol makes the floor's tensor close to the reference's (NaN or infinity counts that
+    /// differ, a value off where the reference is 0 under `elementwise`).
+    NotClose,
+}
+
+impl NoFloor {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Missing => "not in the floor",
+            Self::ShapeMismatch => "another shape in the floor",
+            Self::NotClose => "the floor close at no rtol",
+        }
+    }
+}
+
+/// A compared tensor the floor set no tolerance for.
+#[derive(Debug, Serialize)]
+struct NoFloorFor {
+    #[serde(flatten)]
+    tensor: TensorKey,
+    why: NoFloor,
+}
+
+/// `[7042, 30]`: the first [`SHOWN_TOKENS`] ids, then `…` and how many there are.
+fn ids_text(ids: &[u32]) -> String {
+    let shown: Vec<String> = ids.iter().take(SHOWN_TOKENS).map(u32::to_string).collect();
+    if ids.len() > SHOWN_TOKENS {
+        format!("[{}, …] ({} ids)", shown.join(", "), ids.len())
+    } else {
+        format!("[{}]", shown.join(", "))
+    }
+}
+
+/// What a compared tensor is matched by.
+fn key_of(pair: &TensorComparison) -> TensorKey {
+    TensorKey {
+        pass: pair.pass,
+        layer: pair.layer,
+        name: pair.name.clone(),
+        shard: pair.shard,
+    }
 }
 
 /// What the comparison found so far, folded pass by pass.
 #[derive(Debug, Default)]
 struct Found {
     counts: Counts,
-    first: Option<TensorComparison>,
+    first: Option<Judged>,
     passes: Vec<PassRow>,
     table: Table,
     missing: Listed<Unmatched>,
     extra: Listed<Unmatched>,
-    /// Captures that could not be read, tensors read out of pass order.
+    /// Captures that could not be read, tensors read out of pass order, passes that consumed
+    /// other tokens than the reference's.
     warnings: Listed<String>,
     /// Full names (after renaming) of every tensor of either trace: which overrides matched
     /// (kept only when there are overrides).
@@ -268,6 +475,28 @@ struct Found {
     /// The other trace is an isolated run: layer inputs are not candidates for the first
     /// divergence.
     inputs_fed: bool,
+    /// With a floor: how many times its error the other may have.
+    floor_factor: Option<f64>,
+    /// Tensors of the reference the floor matched.
+    floor_matched: usize,
+    /// Compared tensors the floor set no tolerance for.
+    no_floor: Listed<NoFloorFor>,
+    /// Compared tensors whose error and the floor's were measured unlike: one by captures, the
+    /// other bounded by summaries.
+    unlike_floor: Listed<TensorKey>,
+    /// Passes that consumed other token ids than the reference's: the other's, the floor's.
+    other_tokens: [OtherTokens; 2],
+    /// The capture files read so far, each one's header parsed once.
+    captures: CaptureFiles,
+}
+
+/// The passes of a trace that consumed other token ids than the same passes of the reference:
+/// the first [`TOKEN_WARNINGS`] are each a warning, the others counted.
+#[derive(Debug, Default)]
+struct OtherTokens {
+    passes: usize,
+    /// The first pass counted, not warned of.
+    first_counted: Option<usize>,
 }
 
 /// The pass of the per-layer table and its compared tensors.
@@ -276,7 +505,7 @@ struct Table {
     /// The pass asked for.
     requested: Option<usize>,
     pass: Option<usize>,
-    pairs: Vec<TensorComparison>,
+    pairs: Vec<Judged>,
     /// Its worst ratio, while it is the pass with the largest error.
     worst_ratio: f64,
 }
@@ -307,9 +536,10 @@ impl<T> Listed<T> {
 }
 
 impl Found {
-    fn new(pass: Option<usize>, options: &CompareOptions) -> Self {
+    fn new(pass: Option<usize>, options: &CompareOptions, floor_factor: Option<f64>) -> Self {
         let t = &options.tolerances;
         Self {
+            floor_factor,
             table: Table {
                 requested: pass,
                 ..Table::default()
@@ -331,47 +561,129 @@ impl Found {
         }
     }
 
-    /// Compares the passes the two readers send, matching them by pass number.
+    /// Compares the passes the readers send (the reference's, the other's, and the floor's
+    /// if there is one, `labels` naming them), matching them by pass number; with a floor,
+    /// compares it with the reference first, pass by pass, for the tolerances it sets. A pass
+    /// that consumed other token ids than the reference's is a warning.
     fn compare_passes(
         &mut self,
-        reference: &Receiver<PassTensors>,
-        other: &Receiver<PassTensors>,
+        readers: &[Receiver<PassTensors>],
         options: &CompareOptions,
+        labels: &[&str],
     ) {
-        let (mut a, mut b) = (reference.recv().ok(), other.recv().ok());
-        loop {
-            let (ref_pass, other_pass) = match (a.take(), b.take()) {
-                (None, None) => break,
-                (Some(x), Some(y)) if x.order() == y.order() => {
-                    (a, b) = (reference.recv().ok(), other.recv().ok());
-                    (Some(x), Some(y))
+        let empty = TraceTensors::default();
+        for passes in aligned(readers) {
+            let tensors = |at: usize| passes.get(at).and_then(Option::as_ref).map(|p| &p.tensors);
+            let pass = passes[..2].iter().flatten().next().and_then(|p| p.pass);
+            self.compare_tokens(&passes, labels);
+            let floors = match (self.floor_factor, tensors(0)) {
+                (Some(_), Some(reference)) => {
+                    Some(self.floor_errors(reference, tensors(2).unwrap_or(&empty), options))
                 }
-                (Some(x), y) if y.as_ref().is_none_or(|y| x.order() < y.order()) => {
-                    (a, b) = (reference.recv().ok(), y);
-                    (Some(x), None)
-                }
-                (x, y) => {
-                    (a, b) = (x, other.recv().ok());
-                    (None, y)
-                }
+                _ => None,
             };
-            let empty = TraceTensors::default();
-            let pass = ref_pass
-                .as_ref()
-                .or(other_pass.as_ref())
-                .and_then(|p| p.pass);
-            let compared = compare(
-                ref_pass.as_ref().map_or(&empty, |p| &p.tensors),
-                other_pass.as_ref().map_or(&empty, |p| &p.tensors),
+            let factor = self.floor_factor.unwrap_or(1.0);
+            let compared = compare_with_least_rtol(
+                tensors(0).unwrap_or(&empty),
+                tensors(1).unwrap_or(&empty),
                 options,
-                captured,
+                |_, tensor| captured(&mut self.captures, tensor),
+                |key| match floors.as_ref()?.get(key)? {
+                    FloorOf::Error { rtol, .. } => Some(rtol * factor),
+                    FloorOf::Without(_) => None,
+                },
             );
-            self.fold(pass, compared);
+            self.fold(pass, floors.as_ref(), compared);
         }
     }
 
-    /// Folds one pass's comparison in.
-    fn fold(&mut self, pass: Option<usize>, compared: trace_runtime::compare::Comparison) {
+    /// Warns of each of `passes` (one pass of each trace, `labels` naming the traces) that
+    /// consumed other token ids than the reference's; says nothing where either does not say
+    /// which ids it consumed.
+    fn compare_tokens(&mut self, passes: &[Option<PassTensors>], labels: &[&str]) {
+        let Some(reference) = &passes[0] else {
+            return;
+        };
+        let (Some(pass), Some(ours)) = (reference.pass, reference.tokens.as_deref()) else {
+            return;
+        };
+        for (at, theirs) in passes.iter().enumerate().skip(1) {
+            if let Some(theirs) = theirs.as_ref().and_then(|p| p.tokens.as_deref()) {
+                if ours != theirs {
+                    self.other_tokens_in(at - 1, pass, [labels[0], labels[at]], [ours, theirs]);
+                }
+            }
+        }
+    }
+
+    /// Warns that `pass` consumed other token ids in the reference than in the other or the
+    /// floor (`at`: 0, 1), `labels` and `ids` the reference's then theirs; past
+    /// [`TOKEN_WARNINGS`] such passes of that trace, counts it instead.
+    fn other_tokens_in(&mut self, at: usize, pass: usize, labels: [&str; 2], ids: [&[u32]; 2]) {
+        let seen = &mut self.other_tokens[at];
+        seen.passes += 1;
+        if seen.passes > TOKEN_WARNINGS {
+            seen.first_counted.get_or_insert(pass);
+            return;
+        }
+        let first = ids[0]
+            .iter()
+            .zip(ids[1])
+            .take_while(|(a, b)| a == b)
+            .count();
+        let hidden = if first >= SHOWN_TOKENS {
+            format!(", differing first at index {first}")
+        } else {
+            String::new()
+        };
+        self.warnings.push(format!(
+            "pass {pass} consumed other tokens in {} ({}) than in {} ({}){hidden}",
+            labels[0],
+            ids_text(ids[0]),
+            labels[1],
+            ids_text(ids[1])
+        ));
+    }
+
+    /// What the floor says of each tensor of one pass of the reference it matched: its error
+    /// (the smallest rtol at which it is close), or why there is none.
+    fn floor_errors(
+        &mut self,
+        reference: &TraceTensors,
+        floor: &TraceTensors,
+        options: &CompareOptions,
+    ) -> HashMap<TensorKey, FloorOf> {
+        let compared = compare(reference, floor, options, |_, tensor| {
+            captured(&mut self.captures, tensor)
+        });
+        for warning in compared.warnings {
+            self.warnings.push(format!("the floor: {warning}"));
+        }
+        self.floor_matched += compared.pairs.len();
+        compared
+            .pairs
+            .into_iter()
+            .map(|pair| {
+                let of = match (pair.verdict, pair.least_rtol) {
+                    (Verdict::ShapeMismatch, _) => FloorOf::Without(NoFloor::ShapeMismatch),
+                    (_, None) => FloorOf::Without(NoFloor::NotClose),
+                    (_, Some(rtol)) => FloorOf::Error {
+                        rtol,
+                        exact: pair.error.exact,
+                    },
+                };
+                (key_of(&pair), of)
+            })
+            .collect()
+    }
+
+    /// Folds one pass's comparison in, with what the floor says of its tensors.
+    fn fold(
+        &mut self,
+        pass: Option<usize>,
+        floors: Option<&HashMap<TensorKey, FloorOf>>,
+        compared: trace_runtime::compare::Comparison,
+    ) {
         for unmatched in compared.missing {
             self.saw(unmatched.layer, &unmatched.name);
             self.missing.push(unmatched);
@@ -391,8 +703,31 @@ impl Found {
             worst_ratio: 0.0,
             diverged: 0,
         };
+        let pairs: Vec<Judged> = (compared.pairs.into_iter())
+            .map(|pair| {
+                let floor = floors.map(|floors| {
+                    let key = key_of(&pair);
+                    let of = floors.get(&key).copied();
+                    let of = of.unwrap_or(FloorOf::Without(NoFloor::Missing));
+                    match of {
+                        FloorOf::Without(why) => {
+                            self.no_floor.push(NoFloorFor { tensor: key, why });
+                        }
+                        FloorOf::Error { rtol, exact }
+                            if rtol > 0.0 && exact != pair.error.exact =>
+                        {
+                            self.unlike_floor.push(key);
+                        }
+                        FloorOf::Error { .. } => {}
+                    }
+                    of
+                });
+                Judged::new(pair, floor)
+            })
+            .collect();
         let first_before = self.first.is_some();
-        for pair in &compared.pairs {
+        for judged in &pairs {
+            let pair = &judged.pair;
             self.counts.count(pair.verdict);
             self.saw(pair.layer, &pair.name);
             row.worst_ratio = row.worst_ratio.max(ratio(pair));
@@ -400,7 +735,7 @@ impl Found {
                 row.diverged += 1;
                 let fed = self.inputs_fed && pair.name == "input";
                 if self.first.is_none() && !fed {
-                    self.first = Some(pair.clone());
+                    self.first = Some(judged.clone());
                 }
             }
         }
@@ -414,15 +749,26 @@ impl Found {
         if keep {
             table.pass = pass;
             table.worst_ratio = row.worst_ratio;
-            table.pairs = compared.pairs;
+            table.pairs = pairs;
         }
         self.passes.push(row);
     }
 
     /// What is known only at the end: overrides that matched nothing, tensors out of order.
-    fn finish(&mut self, options: &CompareOptions, read: [&ReadPasses; 2], runs: [&TraceRun; 2]) {
+    fn finish(&mut self, options: &CompareOptions, reads: &[ReadPasses], runs: &[&TraceRun]) {
         self.unused_overrides = options.tolerances.unused_overrides(&self.names);
-        for (read, run) in read.iter().zip(runs) {
+        for (seen, run) in self.other_tokens.iter().zip(&runs[1..]) {
+            if let Some(first) = seen.first_counted {
+                self.warnings.push(format!(
+                    "{} more passes consumed other tokens in {} than in {}, the first of them \
+                     pass {first}",
+                    seen.passes - TOKEN_WARNINGS,
+                    runs[0].label,
+                    run.label
+                ));
+            }
+        }
+        for (read, run) in reads.iter().zip(runs) {
             if read.late > 0 {
                 self.warnings.push(format!(
                     "{}: {} tensors came after their pass had been compared (the file is not in \
@@ -442,7 +788,11 @@ impl Found {
 pub(crate) struct Report<'a> {
     reference: &'a FileInfo,
     other: &'a FileInfo,
-    tolerance: &'a trace_runtime::compare::Tolerances,
+    tolerance: &'a Tolerances,
+    /// The floor's trace (`--floor`), which set the rtol tensor by tensor; `null` without.
+    floor: Option<&'a FileInfo>,
+    /// How many times the floor's error the other may have; `null` without a floor.
+    floor_factor: Option<f64>,
     compared: &'a Counts,
     /// `{pass, layer, stage}` of the first divergence in the reference's execution order, with
     /// what differs there; `null` when nothing diverged.
@@ -461,8 +811,17 @@ pub(crate) struct Report<'a> {
     extra: &'a [Unmatched],
     /// How many tensors are only in the other trace.
     extra_count: usize,
-    /// Captures that could not be read and tensors out of pass order (the first [`LISTED`]),
-    /// then per-name overrides that matched no tensor.
+    /// Compared tensors the floor set no tolerance for (the given rtol judged them), and why:
+    /// the first [`LISTED`].
+    no_floor: &'a [NoFloorFor],
+    /// How many compared tensors the floor set no tolerance for.
+    no_floor_count: usize,
+    /// Compared tensors whose error and the floor's were measured unlike (a warning says so).
+    #[serde(skip)]
+    unlike_floor: &'a Listed<TensorKey>,
+    /// Captures that could not be read, tensors out of pass order and passes that consumed other
+    /// tokens than the reference's (the first [`LISTED`]), then per-name overrides that matched
+    /// no tensor.
     warnings: Vec<String>,
     /// How many warnings of the first kind there were.
     #[serde(skip)]
@@ -516,14 +875,21 @@ pub(crate) struct Divergence<'a> {
     pub(crate) stage: &'a str,
     seq: u64,
     #[serde(flatten)]
-    detail: &'a TensorComparison,
+    detail: &'a Judged,
 }
 
 #[derive(Debug, Serialize)]
 struct LayerRow<'a> {
     layer: usize,
-    worst: &'a TensorComparison,
+    /// The tensor with the largest ratio.
+    worst: &'a Judged,
     ratio: f64,
+    /// The floor's error for that tensor (its `floor_rtol`); `null` without one.
+    floor_rtol: Option<f64>,
+    /// The other's error over the floor's, for that tensor: its `least_rtol` over its
+    /// `floor_rtol` (0 where the other needs no rtol; `null` without a floor's error, or where
+    /// the ratio is infinite: the other close at no rtol, or the floor needing none).
+    floor_ratio: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -534,40 +900,55 @@ pub(crate) struct PassRow {
 }
 
 impl<'a> Report<'a> {
-    fn new(files: &'a [FileInfo; 2], found: &'a Found, options: &'a CompareOptions) -> Self {
-        let mut layers: BTreeMap<usize, LayerRow<'a>> = BTreeMap::new();
-        for pair in &found.table.pairs {
-            let r = ratio(pair);
-            let row = layers.entry(pair.layer).or_insert(LayerRow {
-                layer: pair.layer,
-                worst: pair,
-                ratio: r,
-            });
-            if r > row.ratio {
-                row.worst = pair;
-                row.ratio = r;
-            }
-        }
+    fn new(
+        files: &'a [FileInfo; 2],
+        floor: Option<&'a FileInfo>,
+        found: &'a Found,
+        options: &'a CompareOptions,
+    ) -> Self {
+        let layers = worst_per_layer(&found.table.pairs);
+        let no_floor = (found.no_floor.count > 0).then(|| {
+            format!(
+                "{} compared tensors have no floor and were judged by the given rtol",
+                found.no_floor.count
+            )
+        });
+        let unlike_floor = (found.unlike_floor.count > 0).then(|| unlike_text(&found.unlike_floor));
         Report {
             reference: &files[0],
             other: &files[1],
             tolerance: &options.tolerances,
+            floor,
+            floor_factor: found.floor_factor,
             compared: &found.counts,
             first_divergence: found.first.as_ref().map(|f| Divergence {
-                pass: f.pass,
-                layer: f.layer,
-                stage: &f.name,
-                seq: f.seq,
+                pass: f.pair.pass,
+                layer: f.pair.layer,
+                stage: &f.pair.name,
+                seq: f.pair.seq,
                 detail: f,
             }),
             table_pass: found.table.pass.unwrap_or(0),
-            layers: layers.into_values().collect(),
+            layers: (layers.into_iter())
+                .map(|(layer, (worst, ratio))| LayerRow {
+                    layer,
+                    worst,
+                    ratio,
+                    floor_rtol: worst.floor_rtol,
+                    floor_ratio: worst.floor_ratio().filter(|r| r.is_finite()),
+                })
+                .collect(),
             passes: &found.passes,
             missing: &found.missing.items,
             missing_count: found.missing.count,
             extra: &found.extra.items,
             extra_count: found.extra.count,
+            no_floor: &found.no_floor.items,
+            no_floor_count: found.no_floor.count,
+            unlike_floor: &found.unlike_floor,
             warnings: (found.warnings.items.iter().cloned())
+                .chain(no_floor)
+                .chain(unlike_floor)
                 .chain(found.unused_overrides.iter().map(ToString::to_string))
                 .collect(),
             read_warnings: found.warnings.count,
@@ -617,6 +998,17 @@ impl<'a> Report<'a> {
             t.error_stat,
             parenthesized(&stat_overrides)
         );
+        if let (Some(floor), Some(factor)) = (self.floor, self.floor_factor) {
+            let _ = writeln!(
+                out,
+                "{} {} ({}, {} tensors): each tensor's rtol is the larger of the given one and \
+                 {factor} times the floor's error",
+                colors.bold("floor:    "),
+                floor.path,
+                floor.writer,
+                floor.tensors
+            );
+        }
         for (label, info) in [("reference", &self.reference), ("other", &self.other)] {
             if let Some(cut) = &info.cut_short {
                 let _ = writeln!(out, "{}", colors.warn(&format!("{label} cut short: {cut}")));
@@ -669,6 +1061,24 @@ impl<'a> Report<'a> {
             self.extra,
             self.extra_count,
         );
+        listed(
+            &mut out,
+            colors,
+            &format!(
+                "warning: {} compared tensors have no floor, judged by the given rtol:",
+                self.no_floor_count
+            ),
+            (self.no_floor.iter())
+                .map(|n| format!("{} ({})", n.tensor.describe(), n.why.describe())),
+            self.no_floor_count,
+        );
+        listed(
+            &mut out,
+            colors,
+            &format!("warning: {}:", unlike_text(self.unlike_floor)),
+            self.unlike_floor.items.iter().map(TensorKey::describe),
+            self.unlike_floor.count,
+        );
         for warning in &self.warnings[..self.listed_read_warnings] {
             let _ = writeln!(out, "{}", colors.warn(&format!("warning: {warning}")));
         }
@@ -691,7 +1101,7 @@ impl<'a> Report<'a> {
                     colors.good("no divergence: every matched tensor is within tolerance")
                 );
             }
-            Some(d) => describe(&mut out, colors, d, self.tolerance.error_stat),
+            Some(d) => describe(&mut out, colors, d, self.tolerance, self.floor_factor),
         }
         let _ = writeln!(out);
         self.layer_table(&mut out, colors);
@@ -709,30 +1119,29 @@ impl<'a> Report<'a> {
                 self.table_pass
             );
         }
+        if self.floor_factor.is_some() {
+            self.floor_table(out, colors);
+            return;
+        }
         let _ = writeln!(
             out,
             "{}",
             colors.bold("layer  worst tensor      ratio      rel. error    verdict")
         );
         for row in &self.layers {
-            let pair = row.worst;
+            let pair = &row.worst.pair;
             let error = pair.error.relative_error.map_or_else(
                 || "-".to_owned(),
-                |e| format!("{}{e:.2e}", if pair.error.exact { "" } else { "≈" }),
+                |e| format!("{}{e:.2e}", estimated(pair.error.exact)),
             );
-            let verdict = match pair.verdict {
-                Verdict::BitIdentical => colors.dim("bit-identical"),
-                Verdict::Close => colors.good("close"),
-                Verdict::Diverged => colors.bad("diverged"),
-                Verdict::ShapeMismatch => colors.bad("shape mismatch"),
-            };
             let _ = writeln!(
                 out,
-                "{:>5}  {:<16}  {:>9}  {:>12}    {verdict}",
+                "{:>5}  {:<16}  {:>9}  {:>12}    {}",
                 row.layer,
                 with_shard(&pair.name, pair.shard),
                 ratio_text(row.ratio),
-                error
+                error,
+                verdict_text(colors, pair.verdict)
             );
         }
         let _ = writeln!(
@@ -740,6 +1149,106 @@ impl<'a> Report<'a> {
             "{}",
             colors.dim("(ratio: the largest difference over what the tolerance allows, above 1 out of tolerance; rel. error ‖b − a‖/‖a‖, ≈ when estimated from the sketches)")
         );
+    }
+
+    /// The per-layer table with a floor: each layer's worst tensor, the floor's error and the
+    /// other's (the smallest rtol at which each is close to the reference), their ratio, and
+    /// the rtol allowed.
+    fn floor_table(&self, out: &mut String, colors: &Colors) {
+        let line = |cells: [&str; 7], verdict: &str| {
+            format!(
+                "{:>5}  {:<16}  {:>9}  {:>10}  {:>10}  {:>11}  {:>12}    {verdict}",
+                cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6]
+            )
+        };
+        let head = [
+            "layer",
+            "worst tensor",
+            "ratio",
+            "floor rtol",
+            "other rtol",
+            "other/floor",
+            "allowed rtol",
+        ];
+        let _ = writeln!(out, "{}", colors.bold(&line(head, "verdict")));
+        for row in &self.layers {
+            let (judged, pair) = (row.worst, &row.worst.pair);
+            let floor = match (judged.floor_rtol, judged.no_floor) {
+                (Some(rtol), _) => rtol_text(Some(rtol), judged.floor_exact == Some(true)),
+                (None, Some(_)) => "none".to_owned(),
+                (None, None) => "-".to_owned(),
+            };
+            let other = match pair.verdict {
+                Verdict::ShapeMismatch => "-".to_owned(),
+                _ => rtol_text(pair.least_rtol, pair.error.exact),
+            };
+            let cells = [
+                &row.layer.to_string(),
+                &with_shard(&pair.name, pair.shard),
+                &ratio_text(row.ratio),
+                &floor,
+                &other,
+                &judged
+                    .floor_ratio()
+                    .map_or_else(|| "-".to_owned(), ratio_text),
+                &format!("{:.2e}", pair.tolerance.rtol),
+            ];
+            let _ = writeln!(
+                out,
+                "{}",
+                line(
+                    cells.map(String::as_str),
+                    &verdict_text(colors, pair.verdict)
+                )
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            colors.dim(
+                "(floor rtol, other rtol: the smallest rtol at which the floor, the other, is \
+                 close to the reference for that tensor, ≈ where summaries bound it; allowed \
+                 rtol: the larger of the given and the floor factor times the floor's (none: \
+                 no floor for it); ratio: the largest difference over what that allows)"
+            )
+        );
+    }
+}
+
+/// What the tensors whose error and the floor's were measured unlike are.
+fn unlike_text(unlike: &Listed<TensorKey>) -> String {
+    format!(
+        "{} compared tensors were compared by captures and the floor by summaries, or the \
+         reverse: a bound from summaries is far below the captures' error under norm (about \
+         √n times), so the floor sets their tolerance in other units than they are judged in \
+         (--summaries-only compares like with like)",
+        unlike.count
+    )
+}
+
+/// `≈` for an estimate, nothing for an exact value.
+fn estimated(exact: bool) -> &'static str {
+    if exact {
+        ""
+    } else {
+        "≈"
+    }
+}
+
+/// A least rtol: `1.23e-3`, `≈1.23e-3` from summaries, `∞` where no rtol is enough.
+fn rtol_text(rtol: Option<f64>, exact: bool) -> String {
+    rtol.map_or_else(
+        || "∞".to_owned(),
+        |r| format!("{}{r:.2e}", estimated(exact)),
+    )
+}
+
+fn verdict_text(colors: &Colors, verdict: Verdict) -> String {
+    match verdict {
+        Verdict::BitIdentical => colors.dim("bit-identical"),
+        Verdict::Close => colors.good("close"),
+        Verdict::Diverged => colors.bad("diverged"),
+        Verdict::ShapeMismatch => colors.bad("shape mismatch"),
     }
 }
 
@@ -752,10 +1261,16 @@ fn parenthesized(items: &[String]) -> String {
     }
 }
 
-/// The first divergence; `error_stat` is the default criterion (a tensor judged by another
-/// says so).
-fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: ErrorStat) {
-    let p = d.detail;
+/// The first divergence; `tolerances` are the ones given (a tensor judged by another criterion
+/// than their default says so), `floor_factor` the floor's factor where a floor set the rtol.
+fn describe(
+    out: &mut String,
+    colors: &Colors,
+    d: &Divergence<'_>,
+    tolerances: &Tolerances,
+    floor_factor: Option<f64>,
+) {
+    let p = &d.detail.pair;
     let _ = writeln!(
         out,
         "{} pass {}, layer {}, {} (seq {} of the reference)",
@@ -775,11 +1290,11 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: E
     }
     let _ = writeln!(
         out,
-        "  shape {:?}; tolerance atol {:e}, rtol {:e}{}; compared {}",
+        "  shape {:?}; tolerance atol {:e}, rtol {}{}; compared {}",
         p.shapes.0,
         p.tolerance.atol,
-        p.tolerance.rtol,
-        if p.error_stat == error_stat {
+        number_text(p.tolerance.rtol),
+        if p.error_stat == tolerances.error_stat {
             String::new()
         } else {
             format!(", {} criterion", p.error_stat)
@@ -790,6 +1305,9 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: E
             "by summaries (statistics, sketch, samples)"
         }
     );
+    if let Some(factor) = floor_factor {
+        floor_said(out, d.detail, tolerances, factor);
+    }
     for check in p.checks.iter().filter(|c| c.ratio() > 1.0).take(6) {
         if check.what.starts_with("elements") {
             let _ = writeln!(
@@ -846,20 +1364,71 @@ fn describe(out: &mut String, colors: &Colors, d: &Divergence<'_>, error_stat: E
     }
 }
 
+/// Where the rtol of `judged` came from, and its error against the floor's.
+fn floor_said(out: &mut String, judged: &Judged, tolerances: &Tolerances, factor: f64) {
+    let p = &judged.pair;
+    let given = tolerances.for_name(&full_name(p.layer, &p.name)).rtol;
+    let other = rtol_text(p.least_rtol, p.error.exact);
+    let _ = match (judged.floor_rtol, judged.no_floor) {
+        (Some(floor), _) => {
+            let floor_error = format!(
+                "{factor} times the floor's error {}",
+                rtol_text(Some(floor), judged.floor_exact == Some(true))
+            );
+            let source = if p.tolerance.rtol > given {
+                format!("is {floor_error} (more than the given {given:e})")
+            } else {
+                format!("as given (more than {floor_error})")
+            };
+            let ratio = judged.floor_ratio().map_or_else(|| "-".to_owned(), ratio_text);
+            writeln!(
+                out,
+                "  rtol {} {source}; the other's error is {other}, {} times the floor's",
+                number_text(p.tolerance.rtol),
+                ratio.trim_end_matches('x')
+            )
+        }
+        (None, why) => writeln!(
+            out,
+            "  rtol {given:e} as given: no floor for this tensor ({}); the other's error is {other}",
+            why.map_or("none", NoFloor::describe)
+        ),
+    };
+}
+
+/// `1e-5` as given, `1.993e-3` for a number of many digits.
+fn number_text(value: f64) -> String {
+    let (all, short) = (format!("{value:e}"), format!("{value:.3e}"));
+    if all.len() <= short.len() {
+        all
+    } else {
+        short
+    }
+}
+
 fn unmatched(out: &mut String, colors: &Colors, label: &str, list: &[Unmatched], count: usize) {
+    let items = list.iter().map(Unmatched::describe);
+    listed(out, colors, &format!("{count} {label}:"), items, count);
+}
+
+/// `label` and the first [`SHOWN_UNMATCHED`] of `count` items, then how many more; nothing
+/// when there are none.
+fn listed(
+    out: &mut String,
+    colors: &Colors,
+    label: &str,
+    items: impl Iterator<Item = String>,
+    count: usize,
+) {
     if count == 0 {
         return;
     }
-    let shown: Vec<String> = list
-        .iter()
-        .take(SHOWN_UNMATCHED)
-        .map(Unmatched::describe)
-        .collect();
+    let shown: Vec<String> = items.take(SHOWN_UNMATCHED).collect();
     let more = count.saturating_sub(shown.len());
     let _ = writeln!(
         out,
         "{} {}{}",
-        colors.warn(&format!("{count} {label}:")),
+        colors.warn(label),
         shown.join(", "),
         if more > 0 {
             format!(", ... and {more} more")

@@ -9,14 +9,24 @@ use serde::Serialize;
 use trace_runtime::compare::TensorComparison;
 
 use crate::args::DiffArgs;
-use crate::compared::{ratio_text, Diffed, Report};
+use crate::compared::{ratio_text, Diffed, Floor, Report};
 use crate::load::InputError;
 use crate::outcome::Outcome;
 use crate::style::Colors;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
     let options = args.compare.options()?;
-    let diffed = Diffed::read(&args.reference, &args.other, options.clone(), args.pass)?;
+    let floor = args.floor.floor.as_deref().map(|path| Floor {
+        path,
+        factor: args.floor.floor_factor,
+    });
+    let diffed = Diffed::read(
+        &args.reference,
+        &args.other,
+        floor,
+        options.clone(),
+        args.pass,
+    )?;
     let Some(isolated_path) = &args.isolated else {
         let report = diffed.report();
         if args.json {
@@ -33,7 +43,8 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
     };
     // The isolated run's table is about the same pass as the other's.
     let table_pass = Some(diffed.table_pass());
-    let isolated = Diffed::read(&args.reference, isolated_path, options, table_pass)?;
+    // With a floor, the isolated run is judged by the same tolerances, tensor by tensor.
+    let isolated = Diffed::read(&args.reference, isolated_path, floor, options, table_pass)?;
     let warning = fed_from_elsewhere(&args.reference, isolated_path, &isolated);
     let local = Local::new(&diffed, &isolated, warning);
     if args.json {

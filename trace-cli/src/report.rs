@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::args::ReportArgs;
-use crate::compared::Diffed;
+use crate::compared::{Diffed, Floor, Judged};
 use crate::input::TraceRun;
 use crate::load::{self, InputError};
 use crate::outcome::Outcome;
@@ -36,6 +36,26 @@ pub(crate) struct DiffData {
     /// `[stage][layer]`: `difference / allowed` in `curve_pass` (null where not compared).
     ratios: Vec<Vec<Option<f64>>>,
     passes: Vec<PassRatio>,
+    /// With `--floor`: the floor's error and this trace's, layer by layer.
+    floor: Option<FloorData>,
+}
+
+/// The errors against the reference of a floor and of the trace, in `curve_pass`.
+#[derive(Debug, Serialize)]
+struct FloorData {
+    /// The floor's trace.
+    path: String,
+    /// How many times the floor's error the trace may have.
+    factor: f64,
+    /// `[stage][layer]`, stages as `DiffData::stages`: the floor's error, the smallest rtol at
+    /// which it is close to the reference (null where it has none).
+    floor_rtols: Vec<Vec<Option<f64>>>,
+    /// `[stage][layer]`: this trace's error, likewise (null where not compared, or where no
+    /// rtol is enough).
+    rtols: Vec<Vec<Option<f64>>>,
+    /// `[stage][layer]`: the rtol the trace was allowed, the larger of the given one and
+    /// `factor` times the floor's error.
+    allowed_rtols: Vec<Vec<Option<f64>>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -86,7 +106,11 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
                 )
             }
         };
-        let diffed = Diffed::read(reference, against, options, args.pass)?;
+        let floor = args.floor.floor.as_deref().map(|path| Floor {
+            path,
+            factor: args.floor.floor_factor,
+        });
+        let diffed = Diffed::read(reference, against, floor, options, args.pass)?;
         diffed.warn_unused_overrides();
         if diffed.diverged() {
             outcome = Outcome::Diverged;
@@ -119,28 +143,41 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
 fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
     let report = diffed.report();
     let curve_pass = report.table_pass;
+    let pairs = diffed.table_pairs();
     let mut stages: Vec<String> = Vec::new();
-    let mut ratios: Vec<Vec<Option<f64>>> = Vec::new();
-    for pair in diffed.table_pairs() {
-        let at = match stages.iter().position(|s| *s == pair.name) {
-            Some(at) => at,
-            None => {
-                stages.push(pair.name.clone());
-                ratios.push(Vec::new());
-                stages.len() - 1
-            }
-        };
-        let row = &mut ratios[at];
-        if row.len() <= pair.layer {
-            row.resize(pair.layer + 1, None);
+    for judged in pairs {
+        if !stages.contains(&judged.pair.name) {
+            stages.push(judged.pair.name.clone());
         }
-        let ratio = pair.worst_ratio();
-        row[pair.layer] = Some(if ratio.is_finite() {
+    }
+    // `[stage][layer]` of one value of each compared tensor.
+    let curves = |value: &dyn Fn(&Judged) -> Option<f64>| {
+        let mut curves: Vec<Vec<Option<f64>>> = vec![Vec::new(); stages.len()];
+        for judged in pairs {
+            let at = stages.iter().position(|s| *s == judged.pair.name);
+            let row = &mut curves[at.unwrap_or(0)];
+            if row.len() <= judged.pair.layer {
+                row.resize(judged.pair.layer + 1, None);
+            }
+            row[judged.pair.layer] = value(judged);
+        }
+        curves
+    };
+    let ratios = curves(&|judged| {
+        let ratio = judged.pair.worst_ratio();
+        Some(if ratio.is_finite() {
             ratio
         } else {
             INFINITE_RATIO
-        });
-    }
+        })
+    });
+    let floor = diffed.floor().map(|(path, factor)| FloorData {
+        path: path.to_owned(),
+        factor,
+        floor_rtols: curves(&|judged| judged.floor_rtol),
+        rtols: curves(&|judged| judged.pair.least_rtol),
+        allowed_rtols: curves(&|judged| judged.allowed_rtol),
+    });
     DiffData {
         reference: reference.display().to_string(),
         text: report.text(&Colors::new(Some(false))),
@@ -161,6 +198,7 @@ fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
                 diverged: p.diverged,
             })
             .collect(),
+        floor,
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use model_trace::{trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session};
 
-use common::{run, scratch, text};
+use common::{embedded_data, run, scratch, text};
 
 /// A model whose third stage can be broken on purpose.
 struct Model {
@@ -280,16 +280,6 @@ fn bad_input_exits_2_naming_the_file_and_line() {
         Some(2),
         "clap's usage errors exit 2 too"
     );
-}
-
-/// The JSON a report page embeds.
-fn embedded_data(page: &str) -> serde_json::Value {
-    let start = page
-        .find(r#"<script type="application/json" id="report-data">"#)
-        .expect("the data element");
-    let rest = &page[start..];
-    let json = &rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()];
-    serde_json::from_str(json).expect("the embedded data is JSON")
 }
 
 #[test]

@@ -6,9 +6,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use model_trace::{trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session};
+use model_trace::{trace_layer, trace_model, trace_tensor};
 
-use common::{run, scratch, text};
+use common::{run, scratch, text, write_run};
 
 /// Three element-wise layers; `spike` adds 1 to one element of layer 1's `mlp_out`, which
 /// then stays in that one element of every later tensor.
@@ -44,16 +44,12 @@ impl Model {
 /// Two passes, every tensor captured.
 fn write_trace(dir: &Path, name: &str, spike: bool) -> String {
     let path: PathBuf = dir.join(name);
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .trace_file(&path)
-        .capture("*")
-        .start()
-        .expect("the trace file can be created");
     let model = Model { spike };
-    for position in 0..2 {
-        model.forward(position);
-    }
-    session.finish();
+    write_run(&path, true, None, || {
+        for position in 0..2 {
+            model.forward(position);
+        }
+    });
     path.to_str().expect("a UTF-8 path").to_owned()
 }
 

@@ -618,10 +618,28 @@
     const series = D.stages.map((name, i) => ({ name, color: PALETTE[i % PALETTE.length], points: D.ratios[i].map((r, layer) => [layer, r]) }));
     const markers = D.first && D.first.pass === D.curve_pass ? [{ x: D.first.layer, text: `first divergence: pass ${D.first.pass}, layer ${D.first.layer}, ${D.first.stage}` }] : [];
     const perPass = [{ name: "worst ratio", color: PALETTE[3], points: D.passes.map((p) => [p.pass, p.worst_ratio]) }];
+    // With a floor: each tensor's error (the least rtol at which it is close to the reference),
+    // this trace's solid and the floor's dashed in its stage's colour, and their ratio.
+    const floor = [];
+    if (D.floor) {
+      const F = D.floor, color = (i) => PALETTE[i % PALETTE.length];
+      const errors = D.stages.flatMap((name, i) => [
+        { name, color: color(i), points: F.rtols[i].map((r, layer) => [layer, r]) },
+        { name: `${name} (floor)`, color: color(i), dashed: true, points: F.floor_rtols[i].map((r, layer) => [layer, r]) }]);
+      const overFloor = D.stages.map((name, i) => ({ name, color: color(i), points: F.rtols[i].map((r, layer) => {
+        const f = F.floor_rtols[i][layer];
+        return [layer, r !== null && f !== null && f !== undefined && f > 0 ? r / f : null];
+      }) }));
+      floor.push(h("p", {}, `Against the floor ${F.path}: each tensor's error is the smallest rtol at which it is close to the reference (≈ where summaries bound it), this trace's solid and the floor's dashed; each tensor is allowed the larger of the given rtol and ${F.factor} times the floor's.`),
+        h("div", { class: "row" },
+          h("div", { class: "plot", id: "diff-floor" }, linePlot(errors, { xLabel: "layer", yLabel: "error (least rtol)", logY: true, integerX: true, markers, width: 560, empty: "no error above 0" }), legend(D.stages.map((name, i) => [name, color(i)]).concat([["the floor", "#555", true]]))),
+          h("div", { class: "plot", id: "diff-floor-ratio" }, linePlot(overFloor, { xLabel: "layer", yLabel: "error / the floor's", logY: true, integerX: true, markers, hlines: [{ y: F.factor, text: `${F.factor}× the floor's`, color: "#c62828" }], width: 560, empty: "no floor error above 0" }), legend(overFloor.map((x) => [x.name, x.color])))));
+    }
     sec.append(h("p", { class: D.first ? "warn" : "ok" }, D.first ? `first divergence: pass ${D.first.pass}, layer ${D.first.layer}, ${D.first.stage}` : "no divergence: every matched tensor is within tolerance"),
       h("div", { class: "row" },
         h("div", { class: "plot", id: "diff-layers" }, linePlot(series, { xLabel: "layer", yLabel: "error / allowed", logY: true, integerX: true, markers, hlines: [{ y: 1, text: "tolerance", color: "#c62828" }], width: 560, empty: "every tensor bit-identical" }), legend(series.map((x) => [x.name, x.color]))),
         h("div", { class: "plot", id: "diff-passes" }, linePlot(perPass, { xLabel: "pass", yLabel: "worst error / allowed", logY: true, integerX: true, hlines: [{ y: 1, text: "tolerance", color: "#c62828" }], width: 560, empty: "every tensor bit-identical" }))),
+      ...floor,
       h("details", { open: "" }, h("summary", {}, "the diff"), h("pre", {}, D.text)));
   }
 })();

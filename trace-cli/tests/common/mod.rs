@@ -1,6 +1,6 @@
 //! What the command's tests share: scratch directories and running the binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// An empty directory of this test process, `name` telling the tests apart.
@@ -27,4 +27,32 @@ pub fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// The JSON a report page embeds.
+#[allow(dead_code)] // the tests of `report` only
+pub fn embedded_data(page: &str) -> serde_json::Value {
+    let start = page
+        .find(r#"<script type="application/json" id="report-data">"#)
+        .expect("the data element");
+    let rest = &page[start..];
+    let json = &rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()];
+    serde_json::from_str(json).expect("the embedded data is JSON")
+}
+
+/// Runs `forward` in a session that writes the trace file `path`, every tensor captured if
+/// `capture`, every layer fed the inputs `isolate` captured if given.
+#[allow(dead_code)] // the tests that write traces of their own models only
+pub fn write_run(path: &Path, capture: bool, isolate: Option<&Path>, forward: impl FnOnce()) {
+    let config = model_trace::ModelTracerConfig::lightweight();
+    let mut builder = model_trace::Session::builder(config).trace_file(path);
+    if capture {
+        builder = builder.capture("*");
+    }
+    if let Some(reference) = isolate {
+        builder = builder.isolate(reference);
+    }
+    let session = builder.start().expect("the trace file can be created");
+    forward();
+    session.finish();
 }

@@ -13,7 +13,7 @@
 //! at most `√n·τ` (Cauchy–Schwarz): the same bounds for the mean, std, norm and sketch, looser
 //! ones for single values.
 
-use super::{Check, ErrorMeasure, ErrorStat, Tolerance};
+use super::{rtol_needed, Check, ErrorMeasure, ErrorStat, Tolerance};
 use crate::summary::{Sketch, TensorSummary};
 
 /// Every check the two summaries allow.
@@ -89,6 +89,24 @@ pub(super) fn checks(
         }
     }
     checks
+}
+
+/// The smallest `rtol` at which every check of [`checks`] passes with `atol` as given (`None`:
+/// no `rtol` is enough). Each bound is `fixed + rtol·scale`, read off the checks at `rtol` 0
+/// and 1.
+pub(super) fn least_rtol(
+    a: &TensorSummary,
+    b: &TensorSummary,
+    atol: f64,
+    stat: ErrorStat,
+    precision: f64,
+) -> Option<f64> {
+    let at = |rtol| checks(a, b, Tolerance { atol, rtol }, stat, precision);
+    let (fixed, unit) = (at(0.0), at(1.0));
+    fixed.iter().zip(&unit).try_fold(0.0, |least: f64, (f, u)| {
+        let needed = rtol_needed(f.difference, f.allowed, u.allowed - f.allowed)?;
+        Some(least.max(needed))
+    })
 }
 
 /// `|x − y|`, with equal non-finite values (the same infinity, or NaN and NaN) at 0 and any
@@ -216,6 +234,26 @@ mod tests {
         let estimate = estimate(&summary(&a), &summary(&b)).relative_error.unwrap();
         // ‖a − Pa‖/‖a‖ is about √2 for uncorrelated rows
         assert!((0.5..3.0).contains(&estimate), "{estimate}");
+    }
+
+    #[test]
+    fn the_least_rtol_is_where_every_summary_check_starts_to_pass() {
+        let a: Vec<f32> = (0..500).map(|i| (i as f32 * 0.23).cos() * 2.0).collect();
+        let b: Vec<f32> = a.iter().map(|x| x * 1.002 + 1e-3).collect();
+        let (sa, sb) = (summary(&a), summary(&b));
+        for stat in [ErrorStat::Elementwise, ErrorStat::Norm] {
+            let least = least_rtol(&sa, &sb, 1e-6, stat, 0.0).expect("a finite rtol");
+            let at = |rtol| {
+                let tol = Tolerance { atol: 1e-6, rtol };
+                worst(&checks(&sa, &sb, tol, stat, 0.0))
+            };
+            assert!(at(least) <= 1.0, "{stat}: {least}");
+            assert!(at(least * (1.0 - 1e-9)) > 1.0, "{stat}: {least}");
+        }
+        let nan = summary(&[1.0, f32::NAN, 3.0]);
+        let numbers = summary(&[1.0, 2.0, 3.0]);
+        let stat = ErrorStat::Elementwise;
+        assert_eq!(least_rtol(&nan, &numbers, 1.0, stat, 0.0), None);
     }
 
     #[test]

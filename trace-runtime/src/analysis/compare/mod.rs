@@ -356,6 +356,14 @@ pub struct TensorComparison {
     pub checks: Vec<Check>,
     /// How far apart.
     pub error: ErrorMeasure,
+    /// The smallest `rtol` under which the pair is close, with the same `atol` and error
+    /// statistic: 0 when `atol` alone is enough; `None` (JSON `null`) when no `rtol` is (a NaN
+    /// count that differs, a value beyond a zero of the reference under `elementwise`, another
+    /// shape). Compared by captures it is exact; by summaries it is the smallest `rtol` at
+    /// which every summary is within its bound (those of `elementwise`, or of `norm` under
+    /// `norm`), a lower bound on what the captures would give under `elementwise` and `norm`.
+    #[serde(default)]
+    pub least_rtol: Option<f64>,
 }
 
 impl TensorComparison {
@@ -365,9 +373,9 @@ impl TensorComparison {
     }
 }
 
-/// A tensor present in one trace only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Unmatched {
+/// Which tensor of a trace: what two traces' tensors are matched by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorKey {
     /// The pass.
     pub pass: usize,
     /// The layer.
@@ -379,7 +387,10 @@ pub struct Unmatched {
     pub shard: Option<usize>,
 }
 
-impl Unmatched {
+/// A tensor present in one trace only.
+pub type Unmatched = TensorKey;
+
+impl TensorKey {
     /// `pass 3 layer.7.mlp_out`, with `(rank 1's shard)` for a shard.
     pub fn describe(&self) -> String {
         let shard = self
@@ -449,20 +460,45 @@ pub fn compare<E: fmt::Display>(
     reference: &TraceTensors,
     other: &TraceTensors,
     options: &CompareOptions,
+    captures: impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
+) -> Comparison {
+    compare_with_least_rtol(reference, other, options, captures, |_| None)
+}
+
+/// Compares like [`compare`], each pair's `rtol` raised to what `least_rtol` gives for its
+/// tensor where that is more than the tolerances' own: a tolerance set tensor by tensor, as
+/// `model-trace diff --floor` allows a port a multiple of a second implementation's error
+/// ([`TensorComparison::least_rtol`] of that implementation's comparison).
+pub fn compare_with_least_rtol<E: fmt::Display>(
+    reference: &TraceTensors,
+    other: &TraceTensors,
+    options: &CompareOptions,
     mut captures: impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
+    least_rtol: impl Fn(&TensorKey) -> Option<f64>,
 ) -> Comparison {
     // Names maps rename stages; attention and logits records match as what they are.
     let key = |t: &TracedTensor| {
+        let shard = t.shard_of();
         if t.is_stage() && !options.names.is_empty() {
             let renamed = options.names.rename(&t.full_name());
             if let Some((layer, name)) = split_full_name(&renamed) {
-                return (t.pass, layer, name.to_owned(), t.shard_of());
+                let name = name.to_owned();
+                return TensorKey {
+                    pass: t.pass,
+                    layer,
+                    name,
+                    shard,
+                };
             }
         }
-        (t.pass, t.layer, t.name.clone(), t.shard_of())
+        TensorKey {
+            pass: t.pass,
+            layer: t.layer,
+            name: t.name.clone(),
+            shard,
+        }
     };
-    let mut others: HashMap<(usize, usize, String, Option<usize>), &TracedTensor> =
-        HashMap::with_capacity(other.tensors.len());
+    let mut others: HashMap<TensorKey, &TracedTensor> = HashMap::with_capacity(other.tensors.len());
     for tensor in &other.tensors {
         others.entry(key(tensor)).or_insert(tensor);
     }
@@ -474,28 +510,27 @@ pub fn compare<E: fmt::Display>(
             continue;
         }
         let Some(matched) = others.get(&k) else {
-            comparison.missing.push(Unmatched {
-                pass: k.0,
-                layer: k.1,
-                name: k.2,
-                shard: k.3,
-            });
+            comparison.missing.push(k);
             continue;
         };
-        let name = full_name(k.1, &k.2);
+        let name = full_name(k.layer, &k.name);
+        let mut tolerance = options.tolerances.for_name(&name);
+        if let Some(rtol) = least_rtol(&k) {
+            tolerance.rtol = tolerance.rtol.max(rtol);
+        }
         let pair = Pair {
             reference: (reference, tensor),
             other: (other, matched),
-            tolerance: options.tolerances.for_name(&name),
+            tolerance,
             error_stat: options.tolerances.error_stat_for(&name),
         };
         let loader = options.use_captures.then_some(&mut captures);
         let compared = pair.compare(loader, &mut comparison.warnings);
         comparison.pairs.push(TensorComparison {
-            pass: k.0,
-            layer: k.1,
-            name: k.2,
-            shard: k.3,
+            pass: k.pass,
+            layer: k.layer,
+            name: k.name,
+            shard: k.shard,
             ..compared
         });
     }
@@ -503,18 +538,13 @@ pub fn compare<E: fmt::Display>(
     for tensor in &other.tensors {
         let k = key(tensor);
         if !matched.contains(&k) {
-            comparison.extra.push(Unmatched {
-                pass: k.0,
-                layer: k.1,
-                name: k.2,
-                shard: k.3,
-            });
+            comparison.extra.push(k);
         }
     }
     comparison.extra.dedup();
     let names = (reference.tensors.iter()).chain(&other.tensors).map(|t| {
-        let (_, layer, name, _) = key(t);
-        full_name(layer, &name)
+        let k = key(t);
+        full_name(k.layer, &k.name)
     });
     comparison.unused_overrides = options.tolerances.unused_overrides(names);
     comparison
@@ -552,6 +582,7 @@ impl Pair<'_> {
             verdict: Verdict::Close,
             checks: Vec::new(),
             error: ErrorMeasure::default(),
+            least_rtol: None,
         };
         if squeezed(&a.shape) != squeezed(&b.shape) {
             result.verdict = Verdict::ShapeMismatch;
@@ -564,6 +595,7 @@ impl Pair<'_> {
                 exact: true,
                 ..ErrorMeasure::default()
             };
+            result.least_rtol = Some(0.0);
             return result;
         }
         let values = captures.and_then(|load| self.captured(load, warnings));
@@ -579,6 +611,12 @@ impl Pair<'_> {
                 };
                 result.checks = vec![check];
                 result.error = error;
+                result.least_rtol = elementwise::least_rtol(
+                    &ref_values,
+                    &other_values,
+                    self.tolerance.atol,
+                    self.error_stat,
+                );
                 return result;
             }
         }
@@ -597,6 +635,8 @@ impl Pair<'_> {
             Verdict::Diverged
         };
         result.error = bounds::estimate(a, b);
+        result.least_rtol =
+            bounds::least_rtol(a, b, self.tolerance.atol, self.error_stat, precision);
         result
     }
 
@@ -616,6 +656,20 @@ impl Pair<'_> {
                 None
             }
         }
+    }
+}
+
+/// The smallest `rtol` at which `difference` is within `fixed + rtol·scale` (an allowance that
+/// grows with `rtol`, as every bound of a comparison does): 0 when `fixed` is enough, `None`
+/// when no `rtol` is (a non-finite difference, or none allowed however large `rtol` is).
+/// Rounded up by a few units in the last place, so that the check passes at it.
+fn rtol_needed(difference: f64, fixed: f64, scale: f64) -> Option<f64> {
+    if difference <= fixed {
+        Some(0.0)
+    } else if difference.is_finite() && scale > 0.0 {
+        Some((difference - fixed) / scale * (1.0 + 4.0 * f64::EPSILON))
+    } else {
+        None
     }
 }
 
