@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,30 @@ def smollm_trace(tmp_path_factory):
         cwd=out.parent,
     )
     return out
+
+
+def reference(script, *args):
+    """Runs ``python/examples/SCRIPT ARGS`` (a reference of our examples); its stdout."""
+    command = [sys.executable, str(REPO / "python" / "examples" / script), *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+#: Long enough for RoPE of another base to show (on the 5 tokens of "The capital of France is" it
+#: moves layer 21's attention by less than the port's own error).
+LONG_PROMPT = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is "
+               "named after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to "
+               "1889. The capital of France is")
+
+
+@pytest.fixture(scope="session")
+def smollm_long_prompt(tmp_path_factory):
+    """The prompt pass of ``LONG_PROMPT`` by our SmolLM2 (``ours.ndjson``) and by transformers on
+    the same ids (``ref.ndjson``), both captured (shared by the isolation and llama.cpp tests)."""
+    directory = tmp_path_factory.mktemp("smollm-long-prompt")
+    ours = directory / "ours.ndjson"
+    run_example("smollm", ["--max-tokens", "1", "--trace-out", str(ours), "--capture", "pass=0", LONG_PROMPT],
+                cwd=directory)
+    reference("smollm_reference.py", "--rust", ours, "--out", directory / "ref.ndjson", "--capture", "pass=0")
+    return directory

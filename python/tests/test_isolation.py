@@ -14,15 +14,8 @@ import json
 
 import pytest
 
-from conftest import run_example
-from test_reference_diff import SMOLLM_TOLERANCE, diff, reference
-
-#: Long enough for RoPE of another base to show (on the 5 tokens of "The capital of France
-#: is" it moves layer 21's attention by less than the port's own error).
-PROMPT = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
-          "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. "
-          "The capital of France is")
-
+from conftest import LONG_PROMPT as PROMPT, reference, run_example
+from test_reference_diff import SMOLLM_TOLERANCE, diff
 
 def local_layers(report, side="local"):
     """Layers whose own (or inherited) error leaves the tolerance."""
@@ -33,14 +26,9 @@ def local_layers(report, side="local"):
 
 
 @pytest.fixture(scope="module")
-def smollm_reference(tmp_path_factory):
+def smollm_reference(smollm_long_prompt):
     """The prompt pass of our SmolLM2 and transformers' on the same ids, both captured."""
-    directory = tmp_path_factory.mktemp("isolation-smollm")
-    ours = directory / "ours.ndjson"
-    run_example("smollm", ["--max-tokens", "1", "--trace-out", str(ours), "--capture", "pass=0", PROMPT],
-                cwd=directory)
-    reference("smollm_reference.py", "--rust", ours, "--out", directory / "ref.ndjson", "--capture", "pass=0")
-    return directory
+    return smollm_long_prompt
 
 
 def smollm_runs(directory, name, bugs=None):

@@ -13,7 +13,6 @@ transformers' BertModel and LlamaForCausalLM on the same weights traced by model
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pytest
 import model_trace
 from model_trace.format import read_float
 
-from conftest import REPO, run_example
+from conftest import REPO, reference, run_example
 
 #: The tolerance of the SmolLM2 comparison (justified in test_smollm_...).
 SMOLLM_TOLERANCE = ["--check-error-stat", "norm", "--rtol", "0.1"]
@@ -34,13 +33,6 @@ def diff(reference, other, *options):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode in (0, 1), f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr}"
     return result.returncode, json.loads(result.stdout)
-
-
-def reference(script, *args):
-    command = [sys.executable, str(REPO / "python" / "examples" / script), *map(str, args)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout
 
 
 def first(report):
