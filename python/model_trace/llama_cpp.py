@@ -80,6 +80,17 @@ STAGES = {
 #: Global nodes read: the token embeddings (layer 0's input) and the logits.
 EMBEDDINGS, LOGITS = "embd", "result_output"
 
+#: The tracepoints a llama.cpp trace records (the header's ``tracepoints``; what capture
+#: patterns match): the pass, the layer (input and output), each stage, the attention, the logits.
+TRACEPOINTS = (
+    [{"kind": "model", "name": "forward", "function": "llama_decode", "file": "", "line": 0},
+     {"kind": "layer", "name": "llama_layer", "function": "llama_decode", "file": "", "line": 0}]
+    + [{"kind": "tensor", "name": stage, "function": "llama_decode", "file": "", "line": 0}
+       for stage in STAGES.values() if stage != "output"]
+    + [{"kind": "attention", "name": "kq_soft_max", "function": "llama_decode", "file": "", "line": 0},
+       {"kind": "logits", "name": "logits", "function": "llama_decode", "file": "", "line": 0}]
+)
+
 _NODE = re.compile(r"^([a-z_]+)-(\d+)$")
 
 GGML_TYPE_F32 = 0
@@ -270,7 +281,7 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
     }
     meta.update(metadata or {})
     writer = TraceWriter(out, config={"trace_activations": True, "trace_attention": True, "trace_logits": True},
-                         metadata=meta, capture=capture)
+                         metadata=meta, tracepoints=TRACEPOINTS, capture=capture)
     batch = L.llama_batch_init(max(widest, 1), 0, 1)
     chosen: List[int] = []
     try:
@@ -402,7 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (LlamaCppError, ValueError, OSError) as error:
         print(f"model_trace.llama_cpp: {error}", file=sys.stderr)
         return 1
-    print(f"{len(chosen)} passes in {time.monotonic() - started:.2f} s, chosen tokens {chosen}: {args.out}",
+    passes_text = "1 pass" if len(chosen) == 1 else f"{len(chosen)} passes"
+    print(f"{passes_text} in {time.monotonic() - started:.2f} s, chosen tokens {chosen}: {args.out}",
           file=sys.stderr)
     return 0
 

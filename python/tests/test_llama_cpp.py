@@ -165,6 +165,11 @@ def test_llama_cpp_lines_up_with_the_port_pass_by_pass(smollm):
     header, events = model_trace.read_trace(str(llama))
     assert header["metadata"]["extra"]["kv_cache"] == "f16"
     assert header["metadata"]["extra"]["flash_attention"] == "off"
+    # It declares what it records, as capture patterns name it.
+    assert {(t["kind"], t["name"]) for t in header["tracepoints"]} == {
+        ("model", "forward"), ("layer", "llama_layer"), ("tensor", "attn_in"), ("tensor", "attn_out"),
+        ("tensor", "resid_mid"), ("tensor", "mlp_in"), ("tensor", "mlp_out"), ("attention", "kq_soft_max"),
+        ("logits", "logits")}
     # Each pass consumed the port's tokens, and says so.
     _, port_events = model_trace.read_trace(str(port))
     tokens = [e["tokens"] for e in events if e["event"] == "pass_begin"]

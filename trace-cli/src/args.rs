@@ -159,6 +159,7 @@ pub(crate) struct FloorArgs {
         long,
         value_name = "K",
         requires = "floor",
+        allow_negative_numbers = true,
         default_value_t = DEFAULT_FLOOR_FACTOR,
         value_parser = floor_factor
     )]

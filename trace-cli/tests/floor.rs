@@ -413,6 +413,21 @@ fn the_floor_factor_needs_a_floor_and_a_positive_number() {
             text(&output)
         );
     }
+    // A negative number after a space is the factor, not an unknown flag.
+    let spaced = run(&[
+        "diff",
+        "--floor",
+        &floor,
+        "--floor-factor",
+        "-1",
+        &reference,
+        &other,
+    ]);
+    assert!(
+        text(&spaced).contains("must be a finite number above 0"),
+        "{}",
+        text(&spaced)
+    );
     let report = run(&["report", &other, "--floor", &floor]);
     assert_eq!(report.status.code(), Some(2), "--floor needs --against");
 }
