@@ -44,7 +44,8 @@ without logits before the last layer's MLP).
 
 Cost: every node the callback asks for splits ggml's graph there. Reading SmolLM2's 212 nodes
 makes ``llama_decode`` of a 57-token prompt 13% slower on 1 thread (33% on 2) and a decode step
-32% slower (62% on 2), measured here (medians of 7 interleaved runs); the values are
+32% slower (62% on 2), measured here (``python/benchmarks/llama_cpp_callback.py``: medians of 7
+interleaved runs); the values are
 bit-identical with and without the callback.
 """
 
