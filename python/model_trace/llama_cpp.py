@@ -43,8 +43,8 @@ for logits (so that the last layer keeps every position: llama.cpp otherwise dro
 without logits before the last layer's MLP).
 
 Cost: every node the callback asks for splits ggml's graph there. Reading SmolLM2's 212 nodes
-makes ``llama_decode`` of a 57-token prompt 13% slower on 1 thread (33% on 2) and a decode step
-32% slower (62% on 2), measured here (``python/benchmarks/llama_cpp_callback.py``: medians of 7
+makes ``llama_decode`` of a 57-token prompt 13-16% slower on 1 thread (6-33% on 2, noisy) and a
+decode step 32-33% slower (55-62% on 2), measured here in two runs (``python/benchmarks/llama_cpp_callback.py``: medians of 7
 interleaved runs); the values are
 bit-identical with and without the callback.
 """
