@@ -68,6 +68,16 @@ def drawn(png: bytes) -> tuple[float, int]:
     return float(ink), len(colours)
 
 
+def assert_drawn(page, plot):
+    """The element ``plot`` (a selector) has a real size and something drawn in it."""
+    element = page.locator(plot)
+    element.scroll_into_view_if_needed()
+    box = element.bounding_box()
+    assert box and box["width"] > 100 and box["height"] > 60, (plot, box)
+    ink, colours = drawn(element.screenshot())
+    assert ink > 0.01 and colours > 8, f"{plot} looks blank: {ink:.3%} drawn, {colours} colours"
+
+
 @pytest.fixture(scope="module")
 def browser():
     with sync_playwright() as playwright:
@@ -98,12 +108,7 @@ def test_the_report_loads_cleanly_and_every_section_draws(report, browser):
     for section, plots in SECTIONS.items():
         assert page.locator(f"section#{section}").count() == 1, f"no section {section}"
         for plot in plots:
-            element = page.locator(plot)
-            element.scroll_into_view_if_needed()
-            box = element.bounding_box()
-            assert box and box["width"] > 100 and box["height"] > 60, (plot, box)
-            ink, colours = drawn(element.screenshot())
-            assert ink > 0.01 and colours > 8, f"{plot} looks blank: {ink:.3%} drawn, {colours} colours"
+            assert_drawn(page, plot)
     assert page.locator("#diff .ok").inner_text().startswith("no divergence")
     words = re.findall(r"\b(?:null|undefined|NaN|\[object \w+\])", page.locator("body").inner_text())
     assert words == [], "a script value leaked into the page's text"
@@ -200,12 +205,7 @@ def test_the_floor_plots_draw_this_trace_and_the_floor(floor_pages, browser):
     assert sorted(diff["stages"]) == sorted(FLOOR_STAGES)
     assert page.locator("#diff .warn").first.inner_text() == "first divergence: pass 1, layer 4, mlp_out"
     for plot in ["#diff-floor", "#diff-floor-ratio"]:
-        element = page.locator(plot)
-        element.scroll_into_view_if_needed()
-        box = element.bounding_box()
-        assert box and box["width"] > 100 and box["height"] > 60, (plot, box)
-        ink, colours = drawn(element.screenshot())
-        assert ink > 0.01 and colours > 8, f"{plot} looks blank: {ink:.3%} drawn, {colours} colours"
+        assert_drawn(page, plot)
     # The errors: per stage, this trace's line solid and the floor's dashed in the same colour,
     # each through every layer.
     errors = svg_lines(page, "#diff-floor")

@@ -170,6 +170,24 @@ impl fmt::Display for CaptureError {
     }
 }
 
+impl CaptureError {
+    /// An I/O error of the file at `path`.
+    fn io(path: &Path) -> impl Fn(io::Error) -> Self + Copy + '_ {
+        move |source| Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// What is wrong with the file at `path`.
+    fn invalid(path: &Path) -> impl Fn(String) -> Self + Copy + '_ {
+        move |reason| Self::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        }
+    }
+}
+
 impl std::error::Error for CaptureError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -241,14 +259,7 @@ impl CaptureFiles {
         path: &Path,
         name: Option<&str>,
     ) -> Result<(Vec<usize>, Vec<f32>), CaptureError> {
-        let io = |source| CaptureError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let invalid = |reason: String| CaptureError::Invalid {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let (io, invalid) = (CaptureError::io(path), CaptureError::invalid(path));
         let mut file = File::open(path).map_err(io)?;
         let index = match self.indexes.entry(path.to_path_buf()) {
             std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
@@ -303,14 +314,7 @@ impl CaptureFiles {
 impl FileIndex {
     /// The header of the safetensors file `file` (at `path`, for errors).
     fn read(file: &mut File, path: &Path) -> Result<Self, CaptureError> {
-        let io = |source| CaptureError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let invalid = |reason: String| CaptureError::Invalid {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let (io, invalid) = (CaptureError::io(path), CaptureError::invalid(path));
         let mut size = [0u8; 8];
         file.read_exact(&mut size).map_err(io)?;
         let header_len = u64::from_le_bytes(size);
