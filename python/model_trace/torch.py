@@ -8,96 +8,60 @@ Every forward call of ``model`` is a pass, which records the ``input_ids`` it co
 ``pass_begin`` event's ``tokens``); each transformer block a layer, with its input, its
 output and the stages of the stage vocabulary (docs/trace-format.md) in between; attention
 probabilities (when the model runs eager attention) and the next-token logits are recorded too.
-Hugging Face transformers' BERT and Llama blocks are known; for other architectures give the
-layer pattern and the stages' submodules (:class:`Architecture`).
+The families of :mod:`model_trace.families` (Llama, Mistral, Mixtral, Qwen 2/3 and their MoE,
+Gemma 1/2/3, Phi-3, OLMo 2, Granite, StarCoder 2, StableLM, Falcon, GPT-2, BERT) are detected from
+their block class; the stages of another class are inferred from the first pass, with a warning
+that prints the :class:`Architecture` to pass. On the first pass every layer's stages are
+checked against the identities their names promise (:mod:`model_trace.stage_check`): a wrong
+stage map raises :class:`StageMapError` instead of writing a trace that diffs wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
+from . import families, stage_check
 from .attention import attention_rows
+from .families import (BERT, FALCON_NEW_ARCHITECTURE, FALCON_PARALLEL, FALCON_SEQUENTIAL, FAMILIES, GEMMA,  # noqa: F401
+                       GEMMA2, GEMMA3, GPT2, GRANITE, HEADS_FIRST, LLAMA, MISTRAL, MIXTRAL, OLMO2, PHI3, QWEN2,
+                       QWEN2_MOE, QWEN3, QWEN3_MOE, STABLELM, STABLELM_PARALLEL, STARCODER2, Architecture)
+from .stage_check import StageMapError
 from .filter import CaptureFilter, Tracepoint
 from .format import read_trace
 from .writer import Pending, TraceWriter, dtype_name
 
 
-@dataclass
-class Architecture:
-    """Where a model's blocks and stages are.
-
-    ``layers``: a regex over ``named_modules()`` paths whose group 1 is the layer index.
-    ``stages``: stage name -> (submodule path relative to the block, ``"output"`` or
-    ``"input"``), in execution order. ``attention``: (submodule, index of the probabilities in its
-    output tuple). ``logits``: the module whose output is the logits (absolute path).
-    """
-
-    name: str
-    layers: str
-    stages: Dict[str, Tuple[str, str]] = field(default_factory=dict)
-    attention: Optional[Tuple[str, int]] = None
-    logits: Optional[str] = None
-    layer_class: Optional[str] = None
-
-
-#: Llama blocks (transformers' LlamaDecoderLayer): pre-norm.
-LLAMA = Architecture(
-    name="llama",
-    layers=r"^(?:.*\.)?layers\.(\d+)$",
-    layer_class="LlamaDecoderLayer",
-    stages={
-        "attn_in": ("input_layernorm", "output"),
-        "attn_out": ("self_attn", "output"),
-        "resid_mid": ("post_attention_layernorm", "input"),
-        "mlp_in": ("post_attention_layernorm", "output"),
-        "mlp_out": ("mlp", "output"),
-    },
-    attention=("self_attn", 1),
-    logits="lm_head",
-)
-
-#: BERT encoder layers (transformers' BertLayer): post-norm.
-BERT = Architecture(
-    name="bert",
-    layers=r"^(?:.*\.)?layer\.(\d+)$",
-    layer_class="BertLayer",
-    stages={
-        "attn_out": ("attention.output.dense", "output"),
-        "resid_mid": ("attention", "output"),
-        "mlp_out": ("output.dense", "output"),
-    },
-    attention=("attention.self", 1),
-)
-
-KNOWN = {"llama": LLAMA, "bert": BERT}
+#: Every preset by family name (:data:`model_trace.families.FAMILIES` holds their variants too).
+KNOWN = families.known()
 
 
 def detect(model: Any, modules: Optional[Dict[str, Any]] = None) -> Architecture:
     """The architecture of a transformers model, from the class of its blocks (``modules``:
-    ``dict(model.named_modules())`` when the caller has it)."""
-    classes = {type(module).__name__ for module in (modules.values() if modules is not None else model.modules())}
-    for architecture in KNOWN.values():
-        if architecture.layer_class in classes:
-            return architecture
-    raise ValueError(
-        "model_trace.torch: unknown architecture (blocks of class "
-        f"{sorted(c for c in classes if 'Layer' in c or 'Block' in c)}); pass architecture=Architecture(...)"
-    )
+    ``dict(model.named_modules())`` when the caller has it) and, for a class whose block
+    depends on it (Falcon, StableLM), its config. Raises ``ValueError`` for a class no preset
+    knows (:func:`trace` infers those)."""
+    classes = [type(module).__name__ for module in (modules.values() if modules is not None else model.modules())]
+    architecture = families.choose(classes, getattr(model, "config", None))
+    if architecture is None:
+        raise ValueError(
+            "model_trace.torch: unknown architecture (blocks of class "
+            f"{sorted({c for c in classes if 'Layer' in c or 'Block' in c})}); pass architecture=Architecture(...)"
+        )
+    return architecture
 
 
 def module_names(architecture: Architecture) -> Architecture:
     """The same architecture recording each stage under its module's name (``self_attn``,
     ``post_attention_layernorm:input``) instead of the stage vocabulary: what the ``llama`` and
     ``bert`` presets of ``model-trace diff --map`` translate back."""
-    stages = {_module_stage(path, which): (path, which) for path, which in architecture.stages.values()}
-    return Architecture(architecture.name, architecture.layers, stages, architecture.attention,
-                        architecture.logits, architecture.layer_class)
+    stages = {_module_stage(source[0], source[1]): source for source in architecture.stages.values()}
+    return dataclasses.replace(architecture, stages=stages)
 
 
 #: Names a stage cannot have: records of their own (`attention`, `logits`) and the layer's
@@ -229,11 +193,16 @@ def trace(
     record_attention: bool = True,
     record_logits: bool = True,
     isolate: Optional[str] = None,
+    check_stages: bool = True,
 ) -> Iterator[TraceWriter]:
     """Records every forward call of ``model`` inside the ``with`` block into the trace file at
     ``path`` (replaced if it exists).
 
-    ``architecture``: detected from transformers' block classes (BERT, Llama) when not given.
+    ``architecture``: detected from the model's block class (:data:`model_trace.families.FAMILIES`)
+    when not given; a class none of them knows is inferred from the first pass (the first
+    block's children, placed by where their values flow, confirmed by the stage check), used
+    with a ``UserWarning`` that prints the inferred ``Architecture(...)``, or a ``ValueError``
+    naming what could not be placed.
     ``names``: ``"stages"`` records the stage vocabulary (``attn_out``, ...); ``"modules"``
     records the modules' own names, for ``model-trace diff --map llama|bert``. ``capture``: a
     capture filter (:class:`model_trace.filter.CaptureFilter`, the Rust one's syntax: ``"*"``,
@@ -253,79 +222,94 @@ def trace(
     ``MODEL_TRACE_ISOLATE``, so that each layer's output here is what the reference computes
     from the port's input. Each replacement is an ``intervention`` event, and the header names
     the file (``isolate``); a pass or layer the port did not capture raises ``ValueError``.
+
+    ``check_stages``: on the first pass (pass 0), when each layer ends, its stages are checked
+    against the stage identities (``resid_mid = input + attn_out``, ``mlp_in = norm(resid_mid)``,
+    ...: :func:`model_trace.stage_check.check_layer`); a failure raises :class:`StageMapError`
+    naming the layer, the stage, the identity and its error against the tolerance. The header's
+    ``metadata.extra.stage_check`` says ``"first pass"`` (``"off"`` with ``check_stages=False``).
+    Its cost, on the first pass only: a float32 copy of each stage on its device, read back to
+    host memory when its layer ends (a wait for the device, once a layer), and the identities
+    in numpy. The yielded writer's ``stage_check`` holds what it found
+    (``writer.stage_check.report()``), None when off.
     """
     # One walk of the module tree: it costs as much as a small model's forward pass.
     modules = dict(model.named_modules())
-    architecture = architecture or detect(model, modules)
-    if names == "modules":
-        architecture = module_names(architecture)
-    elif names != "stages":
+    config = getattr(model, "config", None)
+    inference: Optional[_Inference] = None
+    if architecture is None:
+        architecture = families.choose([type(m).__name__ for m in modules.values()], config)
+        if architecture is None:
+            inference = _Inference.plan(model, modules)
+            architecture = inference.placeholder
+    if names not in ("stages", "modules"):
         raise ValueError(f"names must be 'stages' or 'modules', not {names!r}")
     captures = CaptureFilter(capture)
-    pattern = re.compile(architecture.layers)
-    layers = [(int(m.group(1)), name, module) for name, module in modules.items()
-              if (m := pattern.match(name))
-              and (architecture.layer_class is None or type(module).__name__ == architecture.layer_class)]
-    if not layers:
-        raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers!r}")
+    layers = _layers(architecture, modules)
     final_layer = max(index for index, _, _ in layers) + 1
-    tracepoints = [{"kind": "model", "name": "forward", "function": type(model).__name__, "file": "", "line": 0}]
-    tracepoints += [{"kind": "layer", "name": type(layers[0][2]).__name__, "function": name, "file": "", "line": 0}
-                    for _, name, _ in layers[:1]]
-    tracepoints += [{"kind": "tensor", "name": stage, "function": path, "file": "", "line": 0}
-                    for stage, (path, _) in architecture.stages.items()]
-    config = {
+    head = _output_head(model, modules, architecture)
+    extra: Dict[str, str] = {"architecture": architecture.name, "names": names,
+                             "stage_check": "first pass" if check_stages else "off"}
+    for key in architecture.config_metadata:
+        value = _config_value(config, key)
+        if value is not None:
+            extra[key] = repr(float(value)) if isinstance(value, (int, float)) else str(value)
+    meta: Dict[str, Any] = {"extra": extra}
+    for key, value in (metadata or {}).items():
+        meta[key] = {**extra, **value} if key == "extra" else value
+    recorded_logits = record_logits and (head is not None or architecture.logits is not None)
+    run_config = {
         "trace_activations": True,
-        "trace_attention": record_attention and architecture.attention is not None,
-        "trace_logits": record_logits and architecture.logits is not None,
+        "trace_attention": record_attention and (architecture.attention is not None or inference is not None),
+        "trace_logits": recorded_logits,
         "trace_quant_error": False,
         "trace_kv_cache": False,
         "digests": "always" if digest else "off",
     }
-    meta = {"extra": {"architecture": architecture.name, "names": names}}
-    meta.update(metadata or {})
     replay = _Captures(isolate) if isolate is not None else None
     interventions = [f"stage=input replace({isolate})"] if isolate is not None else []
-    writer = TraceWriter(path, config=config, metadata=meta, tracepoints=tracepoints, capture=capture, digest=digest,
-                         interventions=interventions, isolate=isolate)
-    handles: List[Any] = []
-
-    def wants(kind: str, name: str, function: str, layer: Optional[int]) -> bool:
-        if not capture:
-            return False
-        tracepoint = Tracepoint(kind, name, function=function, module=type(model).__name__)
-        return captures.captures(tracepoint, writer.pass_index, layer)
+    writer = TraceWriter(path, config=run_config, metadata=meta, tracepoints=_tracepoints(model, layers, architecture),
+                         capture=capture, digest=digest, interventions=interventions, isolate=isolate)
+    multiplier = stage_check._multiplier(meta["extra"].get("residual_multiplier"))
+    run = _Run(writer, model, modules, layers, architecture, names, captures if capture else None,
+               record_attention, replay, _FirstPassCheck(writer, multiplier) if check_stages else None)
+    head_output: List[Any] = []
 
     def top_pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        head_output.clear()
         writer.begin_pass(position=_position(args, kwargs), function=type(model).__name__,
                           tokens=_token_ids(args, kwargs))
 
-    def top_post(*_: Any) -> None:
-        writer.end_pass()
-
-    handles.append(model.register_forward_pre_hook(top_pre, with_kwargs=True))
-    handles.append(model.register_forward_hook(top_post))
-    layer_name = type(layers[0][2]).__name__
-    for index, path_, block in layers:
-        handles += _hook_layer(writer, block, index, path_, layer_name, architecture, wants, record_attention, modules,
-                               replay)
-    if record_logits and architecture.logits:
-        head = modules.get(architecture.logits)
-        if head is not None:
-            def on_logits(_module: Any, _args: Any, output: Any) -> None:
-                logits = first_tensor(output)
+    def top_post(_module: Any, _args: Any, output: Any) -> None:
+        if recorded_logits:
+            # What the model returns: Gemma 2's soft-capped, Granite's scaled logits (the head's
+            # own output only where the model returns no `logits`).
+            logits = getattr(output, "logits", None) if not isinstance(output, (tuple, list)) else None
+            if logits is None and head_output:
+                logits = head_output[-1]
+            if logits is not None:
                 if logits.ndim == 3:
                     logits = logits[:, -1, :]  # the next-token logits, as the Rust examples record them
+                name = architecture.logits or head or "logits"
                 values, dtype = to_numpy(logits)
-                writer.logits(values, final_layer, architecture.logits, architecture.logits,
-                              wants("logits", architecture.logits, architecture.logits, final_layer), dtype=dtype)
+                writer.logits(values, final_layer, name, name, run.wants("logits", name, name, final_layer),
+                              dtype=dtype)
+        writer.end_pass()
 
-            handles.append(head.register_forward_hook(on_logits))
+    run.handles.append(model.register_forward_pre_hook(top_pre, with_kwargs=True))
+    run.handles.append(model.register_forward_hook(top_post))
+    head_module = modules.get(head) if head is not None else None
+    if recorded_logits and head_module is not None:
+        def on_head(_module: Any, _args: Any, output: Any) -> None:
+            head_output.append(first_tensor(output))
+
+        run.handles.append(head_module.register_forward_hook(on_head))
+    for index, block_path, block in layers:
+        run.hook_layer(index, block_path, block, inference if index == layers[0][0] else None)
     try:
         yield writer
     finally:
-        for handle in handles:
-            handle.remove()
+        run.remove()
         writer.close()
 
 
@@ -363,57 +347,391 @@ def _token_ids(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[List[int]
     return flat.tolist()
 
 
-def _hook_layer(writer: TraceWriter, block: Any, index: int, path: str, layer_name: str,
-                architecture: Architecture, wants: Any, record_attention: bool,
-                all_modules: Dict[str, Any], replay: Optional["_Captures"] = None) -> List[Any]:
-    handles = []
-    modules = _Submodules(block, path, all_modules)
+def _layers(architecture: Architecture, modules: Dict[str, Any]) -> List[Tuple[int, str, Any]]:
+    """The blocks (index, path, module) the architecture's pattern and class select; an error
+    that says which of the two selected nothing."""
+    pattern = re.compile(architecture.layers)
+    matched = [(int(m.group(1)), name, module) for name, module in modules.items() if (m := pattern.match(name))]
+    layers = [layer for layer in matched
+              if architecture.layer_class is None or type(layer[2]).__name__ == architecture.layer_class]
+    if layers:
+        return layers
+    if matched:
+        classes = sorted({type(module).__name__ for _, _, module in matched})
+        raise ValueError(f"model_trace.torch: {len(matched)} modules match the layer pattern {architecture.layers!r} "
+                         f"of the {architecture.name!r} architecture but are of class {', '.join(classes)}, not "
+                         f"{architecture.layer_class}: the architecture is not this model's (leave architecture= out to "
+                         "detect it, or give an Architecture with layer_class=" f"{classes[0]!r})")
+    raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers!r}")
 
-    def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        writer.begin_layer(index, layer_name, path)
-        hidden = args[0] if args else kwargs.get("hidden_states")
-        changed = None
-        if hidden is not None and replay is not None:
-            hidden, changed = replay.feed(writer, index, hidden, args, kwargs)
-        if hidden is not None:
+
+def _output_head(model: Any, modules: Dict[str, Any], architecture: Architecture) -> Optional[str]:
+    """The path of the module whose output is the logits: the architecture's, else the model's
+    output embeddings (transformers' ``get_output_embeddings``), else None."""
+    if architecture.logits is not None:
+        return architecture.logits
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if head is None:
+        return None
+    return next((name for name, module in modules.items() if module is head), None)
+
+
+def _config_value(config: Any, key: str) -> Any:
+    """A config attribute, looked up in the text config too (a multimodal model's)."""
+    for candidate in (config, getattr(config, "get_text_config", lambda: None)()):
+        if candidate is not None and hasattr(candidate, key):
+            return getattr(candidate, key)
+    return None
+
+
+def _tracepoints(model: Any, layers: List[Tuple[int, str, Any]], architecture: Architecture) -> List[Dict[str, Any]]:
+    tracepoints = [{"kind": "model", "name": "forward", "function": type(model).__name__, "file": "", "line": 0}]
+    tracepoints += [{"kind": "layer", "name": type(layers[0][2]).__name__, "function": name, "file": "", "line": 0}
+                    for _, name, _ in layers[:1]]
+    tracepoints += [{"kind": "tensor", "name": stage, "function": source[0], "file": "", "line": 0}
+                    for stage, source in architecture.stages.items()]
+    return tracepoints
+
+
+class _FirstPassCheck:
+    """The stage check on the first pass (pass 0): each stage's tensor copied when it is
+    recorded (float32, on its device: a module may change its output in place later, as
+    Falcon's MLP output is), the layer checked when it ends (its copies then read back to host
+    memory and dropped), a failure raised as :class:`StageMapError`. Later passes cost nothing."""
+
+    def __init__(self, writer: TraceWriter, residual_multiplier: float):
+        self.writer = writer
+        self.residual_multiplier = residual_multiplier
+        self.layers: Dict[int, Dict[str, Any]] = {}
+        self.outcomes: List[stage_check.Outcome] = []
+
+    def active(self) -> bool:
+        return self.writer.pass_index == 0
+
+    def keep(self, layer: int, stage: str, tensor: Any) -> None:
+        import torch
+
+        if isinstance(tensor, torch.Tensor) and self.active():
+            self.layers.setdefault(layer, {})[stage] = tensor.detach().to(torch.float32, copy=True)
+
+    def finish(self, layer: int, path: str) -> None:
+        kept = self.layers.pop(layer, None)
+        if kept is None or not self.active():
+            return
+        values = {stage: tensor.cpu().numpy() for stage, tensor in kept.items()}
+        outcomes = stage_check.check_layer(values, layer, self.residual_multiplier)
+        self.outcomes += outcomes
+        failures = [o for o in outcomes if not o.passed]
+        if failures:
+            raise StageMapError(failures, f"model_trace.torch: pass 0, layer {layer} ({path})")
+
+    def report(self) -> stage_check.Report:
+        return stage_check.Report(list(self.outcomes))
+
+
+def _oriented(tensor: Any, layout: str) -> Any:
+    """A stage's tensor as the vocabulary records it: a heads-first one ([batch, heads, seq,
+    head_dim]) with its positions before its heads."""
+    if layout == HEADS_FIRST and getattr(tensor, "ndim", 0) == 4:
+        return tensor.transpose(1, 2).contiguous()
+    return tensor
+
+
+class _Run:
+    """The hooks of one ``trace`` call and what they share."""
+
+    def __init__(self, writer: TraceWriter, model: Any, modules: Dict[str, Any], layers: List[Tuple[int, str, Any]],
+                 architecture: Architecture, names: str, captures: Optional[CaptureFilter], record_attention: bool,
+                 replay: Optional["_Captures"], check: Optional[_FirstPassCheck]):
+        self.writer, self.model, self.modules, self.layers = writer, model, modules, layers
+        self.architecture, self.names, self.captures = architecture, names, captures
+        self.record_attention, self.replay, self.check = record_attention, replay, check
+        self.layer_name = type(layers[0][2]).__name__
+        self.handles: List[Any] = []
+        writer.stage_check = check  # type: ignore[attr-defined]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def wants(self, kind: str, name: str, function: str, layer: Optional[int]) -> bool:
+        if self.captures is None:
+            return False
+        tracepoint = Tracepoint(kind, name, function=function, module=type(self.model).__name__)
+        return self.captures.captures(tracepoint, self.writer.pass_index, layer)
+
+    def recorded_name(self, stage: str, source: Tuple[str, ...]) -> str:
+        return _module_stage(source[0], source[1]) if self.names == "modules" else stage
+
+    def record_stage(self, index: int, stage: str, source: Tuple[str, ...], path: str, tensor: Any) -> None:
+        """One stage's tensor (as its module gave it) written, and kept for the check."""
+        tensor = _oriented(tensor, source[2] if len(source) > 2 else "")
+        if tensor is None:
+            return
+        name = self.recorded_name(stage, source)
+        values, dtype = to_numpy(tensor)
+        self.writer.stage(name, values, self.wants("tensor", name, path, index), dtype)
+        if self.check is not None:
+            self.check.keep(index, stage, tensor)
+
+    def hook_layer(self, index: int, path: str, block: Any, inference: Optional["_Inference"]) -> None:
+        writer, check = self.writer, self.check
+
+        def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+            writer.begin_layer(index, self.layer_name, path)
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            changed = None
+            if hidden is not None and self.replay is not None:
+                hidden, changed = self.replay.feed(writer, index, hidden, args, kwargs)
+            if hidden is not None:
+                values, dtype = to_numpy(hidden)
+                writer.stage("input", values, self.wants("layer", self.layer_name, path, index), dtype)
+                if check is not None:
+                    check.keep(index, "input", hidden)
+                if inference is not None and inference.pending():
+                    inference.block_input = hidden.detach().to("cpu", dtype=_float32()).numpy().copy()
+            return changed
+
+        def post(_module: Any, _args: Any, output: Any) -> None:
+            hidden = first_tensor(output)
+            if inference is not None and inference.pending():
+                self.architecture = inference.infer(self, index, path, hidden)
+                for other_index, other_path, other_block in self.layers:
+                    self.hook_stages(other_index, other_path, other_block)
             values, dtype = to_numpy(hidden)
-            writer.stage("input", values, wants("layer", layer_name, path, index), dtype)
-        return changed
+            writer.stage("output", values, self.wants("layer", self.layer_name, path, index), dtype)
+            if check is not None:
+                check.keep(index, "output", hidden)
+            writer.end_layer()
+            if check is not None:
+                check.finish(index, path)
 
-    def post(_module: Any, _args: Any, output: Any) -> None:
-        values, dtype = to_numpy(first_tensor(output))
-        writer.stage("output", values, wants("layer", layer_name, path, index), dtype)
-        writer.end_layer()
+        self.handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        if inference is not None:
+            inference.record_children(self, block)
+        else:
+            self.hook_stages(index, path, block)
+        self.handles.append(block.register_forward_hook(post))
 
-    handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-    # The probabilities before the stages: a hook on the same module (Llama's self_attn gives
-    # both) must record them first, as they were computed first.
-    if record_attention and architecture.attention is not None:
-        # Names of their own: the stages' loop below rebinds `sub`, which the hook would see.
-        attention_sub, position = architecture.attention
-        attention_path = f"{path}.{attention_sub}"
-        module = modules.get(attention_sub)
-        if module is not None:
-            def on_attention(_module: Any, _args: Any, output: Any) -> None:
-                probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
-                if probs is not None:
-                    values, dtype = to_numpy(probs)
-                    # A large one on a device analysed there (then one copy of the results);
-                    # the others by the writer, in host memory, with the batch's other
-                    # attention tensors.
-                    rows = attention_rows(probs) if analysed_on_device(probs) else None
-                    writer.attention(values, index, attention_sub, attention_path,
-                                     wants("attention", attention_sub, attention_path, index), dtype=dtype,
-                                     rows=rows)
+    def hook_stages(self, index: int, path: str, block: Any) -> None:
+        """The hooks of a block's attention probabilities and stages."""
+        modules = _Submodules(block, path, self.modules)
+        architecture = self.architecture
+        # The probabilities before the stages: a hook on the same module (Llama's self_attn gives
+        # both) must record them first, as they were computed first.
+        if self.record_attention and architecture.attention is not None:
+            attention_sub, position = architecture.attention
+            module = modules.get(attention_sub)
+            if module is not None:
+                self.handles.append(module.register_forward_hook(
+                    self._attention_hook(index, attention_sub, f"{path}.{attention_sub}", position)))
+        for stage, source in architecture.stages.items():
+            module = modules.get(source[0])
+            if module is None:
+                raise ValueError(f"model_trace.torch: {path} has no submodule {source[0]!r} (stage {stage!r} of the "
+                                 f"{architecture.name!r} architecture)")
+            self.handles.append(self._stage_hook(module, stage, source, index, f"{path}.{source[0]}"))
 
-            handles.append(module.register_forward_hook(on_attention))
-    for stage, (sub, which) in architecture.stages.items():
-        module = modules.get(sub)
-        if module is None:
-            raise ValueError(f"model_trace.torch: {path} has no submodule {sub!r} (stage {stage!r})")
-        handles.append(_stage_hook(writer, module, stage, which, index, f"{path}.{sub}", wants))
-    handles.append(block.register_forward_hook(post))
-    return handles
+    def _attention_hook(self, index: int, attention_sub: str, attention_path: str, position: int) -> Any:
+        def on_attention(_module: Any, _args: Any, output: Any) -> None:
+            self.record_attention_output(index, attention_sub, attention_path, position, output)
+
+        return on_attention
+
+    def record_attention_output(self, index: int, attention_sub: str, attention_path: str, position: int,
+                                output: Any) -> None:
+        probs = output[position] if isinstance(output, (tuple, list)) and len(output) > position else None
+        if probs is not None:
+            values, dtype = to_numpy(probs)
+            # A large one on a device analysed there (then one copy of the results); the others
+            # by the writer, in host memory, with the batch's other attention tensors.
+            rows = attention_rows(probs) if analysed_on_device(probs) else None
+            self.writer.attention(values, index, attention_sub, attention_path,
+                                  self.wants("attention", attention_sub, attention_path, index), dtype=dtype,
+                                  rows=rows)
+
+    def _stage_hook(self, module: Any, stage: str, source: Tuple[str, ...], index: int, path: str) -> Any:
+        if source[1] == "input":
+            def on_input(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+                hidden = args[0] if args else kwargs.get("hidden_states")
+                if hidden is not None:
+                    self.record_stage(index, stage, source, path, hidden)
+
+            return module.register_forward_pre_hook(on_input, with_kwargs=True)
+
+        def on_output(_module: Any, _args: Any, output: Any) -> None:
+            self.record_stage(index, stage, source, path, first_tensor(output))
+
+        return module.register_forward_hook(on_output)
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
+
+
+class _Inference:
+    """The stages of a block class no preset knows, inferred on the first pass: the first
+    block's children (and its attention's norms) recorded as they are called, placed at the
+    block's end (:func:`model_trace.families.infer`), written for that block, then hooked as a
+    preset's would be on every block; the header rewritten with the inferred architecture, and
+    a warning printing it."""
+
+    def __init__(self, placeholder: Architecture, logits: Optional[str]):
+        self.placeholder = placeholder
+        self.logits = logits
+        self.calls: List[Dict[str, Any]] = []
+        self.ticks = 0
+        self.block_input: Optional[np.ndarray] = None
+        self.inferred: Optional[Architecture] = None
+        self.recording: List[Any] = []
+
+    @classmethod
+    def plan(cls, model: Any, modules: Dict[str, Any]) -> "_Inference":
+        """The blocks: the longest list of modules of one class that hold an attention module;
+        an error naming the block classes seen when there is none."""
+        import torch
+
+        best: Optional[Tuple[str, Any]] = None
+        for name, module in modules.items():
+            if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+                continue
+            classes = {type(child) for child in module}
+            if len(classes) != 1:
+                continue
+            first = module[0]
+            if not any(families.kind_of(child_name, type(child).__name__) == families.ATTENTION
+                       for child_name, child in first.named_children()):
+                continue
+            if best is None or len(module) > len(best[1]):
+                best = (name, module)
+        if best is None:
+            classes = sorted({type(m).__name__ for m in modules.values() if "Layer" in type(m).__name__
+                              or "Block" in type(m).__name__})
+            raise ValueError("model_trace.torch: unknown architecture (blocks of class "
+                             f"{classes}), and no list of blocks with an attention submodule to infer the stages from; "
+                             "pass architecture=Architecture(...)")
+        path, blocks = best
+        layer_class = type(blocks[0]).__name__
+        pattern = "^" + re.escape(path) + r"\.(\d+)$"
+        get = getattr(model, "get_output_embeddings", None)
+        head = get() if callable(get) else None
+        logits = next((name for name, module in modules.items() if module is head), None) if head is not None else None
+        placeholder = Architecture(name=f"inferred:{layer_class}", layers=pattern, layer_class=layer_class,
+                                   logits=logits)
+        return cls(placeholder, logits)
+
+    def pending(self) -> bool:
+        return self.inferred is None
+
+    def record_children(self, run: _Run, block: Any) -> None:
+        """Hooks on the block's children and its attention's norms, recording each call: its
+        input and output (float32 copies on their device), when it started and returned."""
+        attention_children = [(f"{name}.{sub}", module) for name, child in block.named_children()
+                              if families.kind_of(name, type(child).__name__) == families.ATTENTION
+                              for sub, module in child.named_children()
+                              if families.kind_of(sub, type(module).__name__) == families.NORM]
+        for name, child in list(block.named_children()) + attention_children:
+            def pre(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str = name) -> None:
+                if self.pending():
+                    hidden = args[0] if args else kwargs.get("hidden_states")
+                    self.calls.append({"path": name, "input": _kept(hidden), "started": self.clock()})
+
+            def post(module: Any, _args: Any, output: Any, name: str = name) -> None:
+                if not self.pending():
+                    return
+                call = next(c for c in reversed(self.calls) if c["path"] == name and "finished" not in c)
+                call.update(output=_kept(first_tensor(output)), raw=output, finished=self.clock(),
+                            class_name=type(module).__name__)
+
+            self.recording.append(child.register_forward_pre_hook(pre, with_kwargs=True))
+            self.recording.append(child.register_forward_hook(post))
+        run.handles += self.recording
+
+    def clock(self) -> int:
+        self.ticks += 1
+        return self.ticks
+
+    def infer(self, run: _Run, index: int, path: str, output: Any) -> Architecture:
+        """The architecture from the first block's recorded calls; its stages written for this
+        block (in the order the hooks would have written them), the recording hooks removed, the
+        header rewritten, a warning."""
+        import warnings
+
+        for handle in self.recording:
+            handle.remove()
+        block_input = self.block_input
+        seq = block_input.shape[1] if block_input is not None and block_input.ndim >= 2 else None
+        calls = []
+        for call in self.calls:
+            if "finished" not in call:
+                continue  # a call that never returned
+            hidden_out = call["output"]
+            layout = ""
+            if hidden_out is not None and hidden_out.ndim == 4 and seq is not None \
+                    and hidden_out.shape[2] == seq and hidden_out.shape[1] != seq:
+                layout = HEADS_FIRST
+            calls.append(families.Call(call["path"], call["class_name"], _host(call["input"]), _host(hidden_out),
+                                       call["started"], call["finished"], layout))
+        by_path = {call["path"]: call for call in self.calls if "finished" in call}
+        multiplier = run.check.residual_multiplier if run.check is not None else 1.0
+        architecture = families.infer(self.placeholder.layer_class or "", self.placeholder.layers, calls,
+                                      block_input if block_input is not None else np.zeros(0),
+                                      _host(_kept(output)), logits=self.logits, residual_multiplier=multiplier)
+        self.inferred = architecture
+        self.calls = []
+        # This block's attention probabilities and stages, as the hooks would have recorded them.
+        if run.record_attention and architecture.attention is not None:
+            sub, position = architecture.attention
+            if sub in by_path:
+                run.record_attention_output(index, sub, f"{path}.{sub}", position, by_path[sub]["raw"])
+        for stage, source in architecture.stages.items():
+            call = by_path[source[0]]
+            run.record_stage(index, stage, source, f"{path}.{source[0]}",
+                             call["input"] if source[1] == "input" else call["output"])
+        _rewrite_header(run.writer, architecture, _tracepoints(run.model, run.layers, architecture))
+        warnings.warn(f"model_trace.torch: blocks of class {architecture.layer_class} are of no known family; the "
+                      f"stages inferred from the first pass (they satisfy the stage check on layer {index}) are, to "
+                      f"pass as architecture=:\n{families.architecture_source(architecture)}", stacklevel=2)
+        return architecture
+
+
+def _kept(tensor: Any) -> Any:
+    """A copy of a tensor on its device, in its dtype (None for anything else)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return tensor.detach().clone()
+
+
+def _host(tensor: Any) -> Optional[np.ndarray]:
+    """A kept tensor's values as float32 in host memory (a wait for its device)."""
+    import torch
+
+    return None if tensor is None else tensor.to(torch.float32).cpu().numpy()
+
+
+def _rewrite_header(writer: TraceWriter, architecture: Architecture, tracepoints: List[Dict[str, Any]]) -> None:
+    """The header line of ``writer``'s file with the inferred architecture's name and stage
+    tracepoints (it was written before the first pass, when they were not known)."""
+    import json
+
+    from .format import dumps
+
+    writer.file.flush()
+    with open(writer.path, "r", encoding="utf-8") as file:
+        header_line = file.readline()
+        rest = file.read()
+    header = json.loads(header_line)
+    header["tracepoints"] = tracepoints
+    header.setdefault("metadata", {}).setdefault("extra", {})["architecture"] = architecture.name
+    writer.file.seek(0)
+    writer.file.truncate()
+    writer.file.write(dumps(header) + "\n" + rest)
 
 
 class _Captures:
@@ -486,21 +804,3 @@ class _Submodules:
                 self.own = dict(self.block.named_modules())
             found = self.own.get(relative)
         return found
-
-
-def _stage_hook(writer: TraceWriter, module: Any, stage: str, which: str, index: int, path: str,
-                wants: Any) -> Any:
-    if which == "input":
-        def on_input(_module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if hidden is not None:
-                values, dtype = to_numpy(hidden)
-                writer.stage(stage, values, wants("tensor", stage, path, index), dtype)
-
-        return module.register_forward_pre_hook(on_input, with_kwargs=True)
-
-    def on_output(_module: Any, _args: Any, output: Any) -> None:
-        values, dtype = to_numpy(first_tensor(output))
-        writer.stage(stage, values, wants("tensor", stage, path, index), dtype)
-
-    return module.register_forward_hook(on_output)
