@@ -256,7 +256,8 @@ def trace(
             extra[key] = repr(float(value)) if isinstance(value, (int, float)) else str(value)
     meta: Dict[str, Any] = {"extra": extra}
     for key, value in (metadata or {}).items():
-        meta[key] = {**extra, **value} if key == "extra" else value
+        # A caller's extra keys join the tracer's (theirs win, but for whether the check runs).
+        meta[key] = {**extra, **value, "stage_check": extra["stage_check"]} if key == "extra" else value
     recorded_logits = record_logits and (head is not None or architecture.logits is not None)
     run_config = {
         "trace_activations": True,

@@ -357,3 +357,56 @@ def test_smollm2_real_weights_pass_the_check(smollm_long_prompt):
     report = stage_check.check_captured_trace(path)
     assert not report.failures and len(report.checked) == 30 * 4
     print(f"SmolLM2: largest identity error {report.largest_error():.2e}")
+
+
+# -- the identities on numpy values -------------------------------------------------------------
+
+def llama_like_layer(rows, seed=0):
+    rng = np.random.default_rng(seed)
+    x, a, m = (rng.normal(size=(1, rows, 16)).astype(np.float32) for _ in range(3))
+    weight = rng.normal(1.0, 0.3, size=16).astype(np.float32)
+
+    def rms(v):
+        return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-6) * weight
+
+    return {"input": x, "attn_in": rms(x), "attn_out": a, "resid_mid": x + a, "mlp_in": rms(x + a), "mlp_out": m,
+            "output": x + a + m}
+
+
+def test_norm_identities_need_four_rows_and_equal_sizes():
+    outcomes = {o.identity: o for o in stage_check.check_layer(llama_like_layer(3), 0)}
+    assert outcomes["attn_in = norm(input)"].skipped == "fewer than 4 rows"
+    assert outcomes["resid_mid = input + attn_out"].error < 1e-6  # float32 rounding of x + a
+    stages = llama_like_layer(6)
+    stages["attn_out"] = stages["attn_out"][:, :5]
+    outcomes = {o.identity: o for o in stage_check.check_layer(stages, 2)}
+    skipped = outcomes["resid_mid = input + attn_out"]
+    assert skipped.passed and skipped.skipped == "not comparable: element counts differ"
+    assert "layer 2, resid_mid: `resid_mid = input + attn_out` not checked" in str(skipped)
+    assert outcomes["mlp_in = norm(resid_mid)"].passed and outcomes["mlp_in = norm(resid_mid)"].error < 1e-4
+
+
+def test_the_normalised_form_is_accepted_only_without_norm_stages():
+    stages = llama_like_layer(6)
+    # resid_mid = norm(input + attn_out), as a post-norm block's is
+    normalised = {"input": stages["input"], "attn_out": stages["attn_out"], "resid_mid": stages["mlp_in"]}
+    (outcome,) = stage_check.check_layer(normalised, 0)
+    assert outcome.passed and outcome.identity == "resid_mid = norm(input + attn_out)"
+    (outcome, _) = stage_check.check_layer({**normalised, "attn_in": stages["attn_in"]}, 0)
+    assert not outcome.passed and outcome.identity == "resid_mid = input + attn_out"
+
+
+def test_a_bfloat16_model_passes_the_check(tmp_path):
+    model = build("llama", SMALL, dtype=torch.bfloat16)
+    _, events, writer, _ = traced(model, tmp_path / "t.ndjson")
+    report = writer.stage_check.report()
+    assert len(report.checked) == 8 and not report.failures
+    assert 1e-4 < report.largest_error() < stage_check.TOLERANCE / 3  # bfloat16's rounding, well inside
+    layer0 = next(e for e in events if e["event"] == "layer")
+    assert {s["tensor"]["dtype"] for s in layer0["stages"]} == {"bf16"}
+
+
+def test_the_check_runs_on_module_names_too(models, tmp_path):
+    header, events, writer, _ = traced(models["gemma3"], tmp_path / "t.ndjson", names="modules")
+    assert "post_attention_layernorm" in layer_stages(events)[0]
+    assert len(writer.stage_check.report().checked) == 12 and not writer.stage_check.report().failures
