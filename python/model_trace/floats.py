@@ -1,10 +1,10 @@
 """The JSON text of many float32 values at once, exactly as the Rust writer writes each one
-(:func:`model_trace.format.f32_text`: the shortest decimal that reads back to the same float32,
+(:func:`f32_text`: the shortest decimal that reads back to the same float32,
 in serde_json's layout; ``"NaN"``, ``"inf"``, ``"-inf"`` for the others), without formatting
 each value in Python: a trace holds tens of thousands of floats a forward pass, and numpy's
 shortest-digit formatter costs microseconds a value.
 
-With ``orjson`` installed (``pip install model-trace[fast]``), its float32 formatter writes
+With ``orjson`` (a dependency of the package), its float32 formatter writes
 them (compiled, about 25 ns a value, serde_json's layout). It is used only when it writes a set
 of probe values covering every case of the layout as :func:`f32_text` does.
 
@@ -26,8 +26,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .format import FIXED_EXPONENTS, f32_text
-
 #: 10**0 .. 10**22: every power of ten float64 holds exactly.
 _POWERS = np.array([float(10**k) for k in range(23)])
 #: For a decimal exponent ``k`` in -22..22 (index ``k + 22``): ``x * _UP[k] / _DOWN[k]`` is
@@ -46,6 +44,35 @@ _QUADS = np.array([int.from_bytes(f"{i:04d}".encode(), "little") for i in range(
 #: Masks of a cell keeping its first / its last 0..4 characters.
 _FIRST = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype=np.uint32)
 _LAST = np.array([0, 0xFF000000, 0xFFFF0000, 0xFFFFFF00, 0xFFFFFFFF], dtype=np.uint32)
+
+
+#: The decimal exponents (of the leading digit) that the Rust writer writes without an exponent:
+#: serde_json's float32 layout (its ``zmij`` formatter): ``0.000001``, ``123.5``, ``1000000000000.0``.
+FIXED_EXPONENTS = range(-6, 13)
+
+
+def f32_text(value: Any) -> str:
+    """The JSON text of a float as the Rust writer writes it (serde_json): the shortest decimal
+    that reads back to the same float32, ``d.ddd`` times a power of ten written out for leading
+    digits at 10^-6 .. 10^12 (``0.000012``, ``1.5``, ``1500.0``), else with an exponent
+    (``1.5e-7``, ``1e+13``, ``-4.2e+38``); ``"NaN"``, ``"inf"``, ``"-inf"`` for the others.
+    One value at a time (numpy's Dragon4 gives the digits): :func:`float_texts` writes whole
+    arrays the same way."""
+    v = np.float32(value)
+    if not np.isfinite(v):
+        return '"NaN"' if np.isnan(v) else ('"inf"' if v > 0 else '"-inf"')
+    sign = "-" if np.signbit(v) else ""
+    if v == 0:
+        return sign + "0.0"
+    mantissa, exponent = np.format_float_scientific(abs(v), unique=True, trim="-").split("e")
+    digits, leading = mantissa.replace(".", ""), int(exponent)
+    if leading not in FIXED_EXPONENTS:
+        fraction = f".{digits[1:]}" if len(digits) > 1 else ""
+        return f"{sign}{digits[0]}{fraction}e{'+' if leading >= 0 else '-'}{abs(leading)}"
+    if leading < 0:
+        return f"{sign}0.{'0' * (-leading - 1)}{digits}"
+    whole = digits[:leading + 1].ljust(leading + 1, "0")
+    return f"{sign}{whole}.{digits[leading + 1:] or '0'}"
 
 
 class NumberTexts:

@@ -12,12 +12,13 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .floats import NumberTexts
+# How numbers are written as text (f32_text one float, NumberTexts many at once) is floats.py's;
+# f32_text is importable from here too, where it was first defined.
+from .floats import NumberTexts, f32_text  # noqa: F401
 
 FORMAT_NAME = "model-trace"
 SCHEMA_VERSION = 2
@@ -447,35 +448,6 @@ def f32(value: Any) -> Any:
         return "inf" if v > 0 else "-inf"
     # The float64 nearest the shortest decimal of the float32: JSON then prints that decimal.
     return float(np.format_float_positional(v, unique=True, trim="-")) if v != 0 else float(v)
-
-
-#: The decimal exponents (of the leading digit) that the Rust writer writes without an exponent:
-#: serde_json's float32 layout (its ``zmij`` formatter): ``0.000001``, ``123.5``, ``1000000000000.0``.
-FIXED_EXPONENTS = range(-6, 13)
-
-
-def f32_text(value: Any) -> str:
-    """The JSON text of a float as the Rust writer writes it (serde_json): the shortest decimal
-    that reads back to the same float32, ``d.ddd`` times a power of ten written out for leading
-    digits at 10^-6 .. 10^12 (``0.000012``, ``1.5``, ``1500.0``), else with an exponent
-    (``1.5e-7``, ``1e+13``, ``-4.2e+38``); ``"NaN"``, ``"inf"``, ``"-inf"`` for the others.
-    One value at a time (numpy's Dragon4 gives the digits): :func:`model_trace.floats.float_texts`
-    writes whole arrays the same way."""
-    v = np.float32(value)
-    if not np.isfinite(v):
-        return '"NaN"' if np.isnan(v) else ('"inf"' if v > 0 else '"-inf"')
-    sign = "-" if np.signbit(v) else ""
-    if v == 0:
-        return sign + "0.0"
-    mantissa, exponent = np.format_float_scientific(abs(v), unique=True, trim="-").split("e")
-    digits, leading = mantissa.replace(".", ""), int(exponent)
-    if leading not in FIXED_EXPONENTS:
-        fraction = f".{digits[1:]}" if len(digits) > 1 else ""
-        return f"{sign}{digits[0]}{fraction}e{'+' if leading >= 0 else '-'}{abs(leading)}"
-    if leading < 0:
-        return f"{sign}0.{'0' * (-leading - 1)}{digits}"
-    whole = digits[:leading + 1].ljust(leading + 1, "0")
-    return f"{sign}{whole}.{digits[leading + 1:] or '0'}"
 
 
 def read_float(value: Any) -> float:

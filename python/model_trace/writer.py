@@ -15,9 +15,9 @@ import numpy as np
 
 from . import __version__
 from .attention import AttentionRows, attention_rows_of_many
-from .floats import NumberTexts, float_texts, integer_texts, join_rows
+from .floats import NumberTexts, f32_text, float_texts, integer_texts, join_rows
 from .format import (FORMAT_NAME, SAMPLE_LEN, SCHEMA_VERSION, SKETCH_DIM, STAT_FLOATS, Summary, as_f32, canonical_nan,
-                     dumps, f32_text, tensor_summaries, tensor_summary)
+                     dumps, tensor_summaries, tensor_summary)
 
 #: Tracepoint kinds, as the Rust registry names them.
 KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
@@ -771,7 +771,7 @@ def _layer_json(frame: Dict[str, Any], texts: _Texts) -> str:
 def _json(value: Any, texts: _Texts) -> str:
     """The JSON text of an event or a part of it, as the Rust writer writes it: each
     :class:`_Deferred` written from the number texts, floats as float32
-    (:func:`model_trace.format.f32_text`), the rest as ``dumps`` writes it."""
+    (:func:`model_trace.floats.f32_text`), the rest as ``dumps`` writes it."""
     kind = type(value)
     if kind is int:
         return str(value)
