@@ -359,11 +359,12 @@ def _layers(architecture: Architecture, modules: Dict[str, Any]) -> List[Tuple[i
         return layers
     if matched:
         classes = sorted({type(module).__name__ for _, _, module in matched})
-        raise ValueError(f"model_trace.torch: {len(matched)} modules match the layer pattern {architecture.layers!r} "
+        raise ValueError(f"model_trace.torch: {len(matched)} modules match the layer pattern {architecture.layers} "
                          f"of the {architecture.name!r} architecture but are of class {', '.join(classes)}, not "
                          f"{architecture.layer_class}: the architecture is not this model's (leave architecture= out to "
                          "detect it, or give an Architecture with layer_class=" f"{classes[0]!r})")
-    raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers!r}")
+    raise ValueError(f"model_trace.torch: no module matches the layer pattern {architecture.layers} of the "
+                     f"{architecture.name!r} architecture")
 
 
 def _output_head(model: Any, modules: Dict[str, Any], architecture: Architecture) -> Optional[str]:
