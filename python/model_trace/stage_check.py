@@ -18,8 +18,9 @@ else ``mlp_out``, ``r`` the residual multiplier (Granite's ``residual_multiplier
   ``‖Y − fit‖₂ ≤ τ·‖Y‖₂``. Needs at least 4 rows.
 
 Every identity is judged against ``TOLERANCE`` (0.01). An identity whose stages were not all
-recorded is not checked; one whose tensors have different element counts is "not comparable"
-(skipped, not failed).
+recorded is not checked; one whose tensors have different element counts is "not comparable",
+one over NaN or infinite values is not checked either (skipped, not failed: such values are an
+anomaly of the model, which the trace's anomaly detection reports, not of the map).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Outcome:
     def __str__(self) -> str:
         where = f"layer {self.layer}, " if self.layer is not None else ""
         if self.skipped is not None:
-            return f"{where}{self.stage}: `{self.identity}` not checked ({self.skipped})"
+            return f"{where}{self.stage}: `{self.identity}` skipped ({self.skipped})"
         verdict = "holds" if self.passed else "fails"
         return (f"{where}{self.stage}: `{self.identity}` {verdict}: error {self.error:.3g} "
                 f"{'<=' if self.passed else '>'} tolerance {self.tolerance:g}")
@@ -159,6 +160,15 @@ def _residual(squared: float, y_norm: float) -> float:
     return float(np.sqrt(max(squared, 0.0))) / y_norm
 
 
+#: Why an identity over a NaN or an infinity is not checked: the values say the model broke
+#: (the anomaly detection's business), not which tensor the map took.
+NON_FINITE = "NaN or infinite values"
+
+
+def _finite(values: np.ndarray) -> bool:
+    return bool(np.isfinite(np.asarray(values)).all())
+
+
 def _comparable(*values: np.ndarray) -> bool:
     return len({np.asarray(v).size for v in values}) == 1
 
@@ -180,6 +190,9 @@ def check_layer(stages: Mapping[str, np.ndarray], layer: Optional[int] = None, r
         values = [stages[name] for name in [lhs, *terms]]
         if not _comparable(*values):
             outcomes.append(Outcome(layer, lhs, text, None, tolerance, "not comparable: element counts differ"))
+            return
+        if not all(_finite(v) for v in values):
+            outcomes.append(Outcome(layer, lhs, text, None, tolerance, NON_FINITE))
             return
         lhs_values = np.asarray(values[0], dtype=np.float64).reshape(-1)
         rhs = np.asarray(values[1], dtype=np.float64).reshape(-1).copy()
@@ -208,6 +221,9 @@ def check_layer(stages: Mapping[str, np.ndarray], layer: Optional[int] = None, r
         if lhs not in stages or source not in stages:
             return
         text = f"{lhs} = norm({source})"
+        if not (_finite(stages[lhs]) and _finite(stages[source])):
+            outcomes.append(Outcome(layer, lhs, text, None, tolerance, NON_FINITE))
+            return
         error = norm_error(stages[lhs], stages[source])
         if error is None:
             reason = ("not comparable: element counts differ" if np.asarray(stages[lhs]).size

@@ -382,7 +382,7 @@ def test_norm_identities_need_four_rows_and_equal_sizes():
     outcomes = {o.identity: o for o in stage_check.check_layer(stages, 2)}
     skipped = outcomes["resid_mid = input + attn_out"]
     assert skipped.passed and skipped.skipped == "not comparable: element counts differ"
-    assert "layer 2, resid_mid: `resid_mid = input + attn_out` not checked" in str(skipped)
+    assert "layer 2, resid_mid: `resid_mid = input + attn_out` skipped (not comparable" in str(skipped)
     assert outcomes["mlp_in = norm(resid_mid)"].passed and outcomes["mlp_in = norm(resid_mid)"].error < 1e-4
 
 
@@ -410,3 +410,16 @@ def test_the_check_runs_on_module_names_too(models, tmp_path):
     header, events, writer, _ = traced(models["gemma3"], tmp_path / "t.ndjson", names="modules")
     assert "post_attention_layernorm" in layer_stages(events)[0]
     assert len(writer.stage_check.report().checked) == 12 and not writer.stage_check.report().failures
+
+
+def test_identities_over_nan_or_infinity_are_skipped_not_failed():
+    """A model that overflows is an anomaly (the trace's anomaly detection reports it), not a
+    wrong map: python/tests/test_writer.py traces a Llama whose MLP writes NaN and ±inf."""
+    stages = llama_like_layer(6)
+    stages["mlp_out"] = stages["mlp_out"].copy()
+    stages["mlp_out"][0, 0, 0] = np.nan
+    stages["output"] = stages["resid_mid"] + stages["mlp_out"]
+    outcomes = {o.identity: o for o in stage_check.check_layer(stages, 1)}
+    assert outcomes["output = resid_mid + mlp_out"].skipped == stage_check.NON_FINITE
+    assert outcomes["output = resid_mid + mlp_out"].passed
+    assert outcomes["resid_mid = input + attn_out"].skipped is None
