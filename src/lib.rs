@@ -550,8 +550,13 @@ pub use trace_macros::trace_quant;
 /// Records an intermediate tensor as a stage of the enclosing [`trace_layer`] call:
 /// `trace_tensor!("stage", &value)`.
 ///
-/// The names of [`Stage`] have a fixed meaning that every trace shares (`attn_in`, `attn_out`,
-/// `resid_mid`, `mlp_in`, `mlp_out`); any other name is the user's own. Stages are kept by name
+/// The names of [`Stage`] have a fixed meaning that every trace shares (`attn_in`, `q_norm`,
+/// `k_norm`, `attn_out`, `attn_post_norm`, `resid_mid`, `mlp_in`, `mlp_out`, `mlp_post_norm`:
+/// where `attn_post_norm` or `mlp_post_norm` is recorded, it is what joins the residual stream);
+/// any other name is the user's own. `model-trace check TRACE` checks that a trace's stages obey
+/// the identities their names promise (`resid_mid = input + attention branch`, a norm stage a
+/// norm of the stage before it), so a stage recorded on the wrong line is an error, not a
+/// divergence. Stages are kept by name
 /// in [`LayerActivationTrace::stages`], in recording order; `input` and `output` belong to the
 /// layer itself and are a compile error. The stage must be a string literal.
 /// Compiled out, the macro only borrows the value in code that never runs, so the value is

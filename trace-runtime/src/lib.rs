@@ -7,7 +7,7 @@
 //! Then `stats` reduces values ([`TensorStats`]), `tensor` reads user tensors through
 //! [`TraceTensor`], and `summary` adds fingerprints and sketches; they make up the
 //! records and events of `record`; `analysis` holds what is computed over records (the anomaly
-//! rules, attention heads, comparing runs); `format` reads trace files back and writes captured
+//! rules, attention heads, comparing runs, the stage check); `format` reads trace files back and writes captured
 //! tensors; `intervene` holds what a session's interventions select and do to the tensors
 //! tracepoints see (and replays a reference's captures); `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
 //! own [`TraceSink`]); the thread-local [`Session`] (`session`) owns the pass and layer context
@@ -43,8 +43,8 @@ mod tensor;
 pub mod __private;
 
 pub use analysis::{
-    analyze_attention, attention, compare, find_anomalies, AttentionAnalysis, AttentionAnalyzer,
-    Specialization,
+    analyze_attention, attention, compare, find_anomalies, stage_check, AttentionAnalysis,
+    AttentionAnalyzer, Specialization,
 };
 pub use config::*;
 pub use format::*;

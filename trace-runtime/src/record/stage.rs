@@ -11,9 +11,11 @@ macro_rules! stages {
         /// `hook_resid_post`).
         ///
         /// Stages are recorded by name (`trace_tensor!("attn_out", &t)`), and any other name is
-        /// kept as the user's own; these are the names that mean the same thing in every trace.
-        /// `input` and `output` are the layer's own input and output: `#[trace_layer]` records
-        /// them, and `trace_tensor!` rejects them.
+        /// kept as the user's own; these are the names that mean the same thing in every trace
+        /// (`docs/trace-format.md` has which family records which), and `model-trace check`
+        /// checks that a trace's stages obey the identities they promise
+        /// ([`stage_check`](crate::stage_check)). `input` and `output` are the layer's own
+        /// input and output: `#[trace_layer]` records them, and `trace_tensor!` rejects them.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Stage {
             $($(#[doc = $doc])* $variant,)*
@@ -34,21 +36,37 @@ macro_rules! stages {
 }
 
 stages! {
-    /// The residual stream entering the block (`resid_pre`): the layer's input.
+    /// The residual stream entering the block (`resid_pre`): the layer's input. Layer 0's is
+    /// the embeddings as the model scales them (Gemma's `√hidden`, Granite's multiplier): the
+    /// record before the first layer.
     Input = "input",
-    /// Pre-norm blocks only: the normalised stream the attention reads (Llama's
-    /// `input_layernorm` output).
+    /// The output of the norm the attention reads (Llama's `input_layernorm`; a parallel
+    /// block's attention norm).
     AttnIn = "attn_in",
-    /// The attention sub-block's output after its output projection, before the residual add.
+    /// The query norm's output, where a family has one: per head (`[batch, seq, heads,
+    /// head_dim]`, Gemma 3, Qwen 3) or over the whole projection (OLMo 2).
+    QNorm = "q_norm",
+    /// The key norm's output, shaped as [`QNorm`](Stage::QNorm).
+    KNorm = "k_norm",
+    /// The attention's output after its output projection, before any post-norm and the
+    /// residual add.
     AttnOut = "attn_out",
-    /// The stream between the two sub-blocks: `input + attn_out`; in post-norm blocks (BERT)
-    /// the norm of that sum, which is what the MLP reads and is added to.
+    /// The output of the post-attention norm that joins the residual stream (Gemma 2/3's and
+    /// OLMo 2's `post_attention_layernorm`).
+    AttnPostNorm = "attn_post_norm",
+    /// The stream between the two sub-blocks: `input` plus the attention branch
+    /// (`attn_post_norm` where there is one, else `attn_out`); in post-norm blocks (BERT) the
+    /// norm of that sum. Absent in parallel blocks.
     ResidMid = "resid_mid",
-    /// Pre-norm blocks only: the normalised stream the MLP reads (Llama's
-    /// `post_attention_layernorm` output).
+    /// The output of the norm the MLP reads (Llama's `post_attention_layernorm`, Gemma 2/3's
+    /// `pre_feedforward_layernorm`).
     MlpIn = "mlp_in",
-    /// The MLP's output after its down projection, before the residual add.
+    /// The MLP's (or mixture of experts') output after its down projection, before any
+    /// post-norm and the residual add.
     MlpOut = "mlp_out",
+    /// The output of the post-MLP norm that joins the stream (Gemma 2/3's
+    /// `post_feedforward_layernorm`, OLMo 2's).
+    MlpPostNorm = "mlp_post_norm",
     /// The residual stream leaving the block (`resid_post`; in post-norm blocks, after the
     /// block's last norm): the layer's output.
     Output = "output",
