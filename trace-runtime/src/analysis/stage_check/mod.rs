@@ -24,7 +24,9 @@
 //! r·M)`: that form is accepted, on values only, where the additive form fails and the layer
 //! recorded none of `attn_in`, `mlp_in`, `attn_post_norm`, `mlp_post_norm`. N1–N4 need values
 //! and at least [`MIN_NORM_ROWS`] rows: a per-channel weight (and bias) is fitted over the rows
-//! (RMS or LayerNorm, whichever fits better), and what it leaves of `Y` is the error.
+//! (RMS or LayerNorm, with an epsilon of 0, 1e-6 or 1e-5, whichever fits best), and what it
+//! leaves of `Y` is the error. An identity over NaN or infinite values is skipped: the model
+//! broke, which the anomaly rules report, and that says nothing of the map.
 //!
 //! Reading captured tensors is the caller's: [`check_layer`] asks a loader for the values of
 //! a stage, as [`compare`](super::compare::compare) does.
@@ -37,7 +39,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::record::{LayerEvent, StageEvent, TraceHeader};
-use crate::summary::SKETCH_DIM;
+use crate::summary::{TensorSummary, SKETCH_DIM};
 
 /// The largest relative error `‖lhs − rhs‖₂ / ‖lhs‖₂` an identity may have on captured values.
 pub const VALUES_TOLERANCE: f64 = 0.01;
@@ -216,15 +218,19 @@ pub enum Skip {
     NotComparable,
     /// A stage was neither captured nor summarised with a sketch (digests off).
     NoSketch,
+    /// A stage holds NaN or infinite values: the model broke (the anomaly rules' business),
+    /// which says nothing of which tensor the stage is.
+    NonFinite,
 }
 
 impl Skip {
     /// Every reason, in the order reports list them.
-    pub const ALL: [Skip; 4] = [
+    pub const ALL: [Skip; 5] = [
         Skip::NeedsCaptures,
         Skip::FewRows,
         Skip::NotComparable,
         Skip::NoSketch,
+        Skip::NonFinite,
     ];
 
     /// What it means, for reports.
@@ -234,6 +240,7 @@ impl Skip {
             Self::FewRows => "fewer than 4 rows",
             Self::NotComparable => "not comparable",
             Self::NoSketch => "no sketch, not captured",
+            Self::NonFinite => "NaN or infinite values",
         }
     }
 }
@@ -474,6 +481,9 @@ impl<F: FnMut(&StageEvent) -> Option<Vec<f32>>> Stages<'_, F> {
         if counts.iter().any(|&c| c != counts[0]) {
             return result(Outcome::Skipped(Skip::NotComparable), None, None);
         }
+        if names.iter().any(|n| !all_finite(&self.stage(n).tensor)) {
+            return result(Outcome::Skipped(Skip::NonFinite), None, None);
+        }
         if self.load(&names) {
             let sum = self.weighted_sum(&identity.rhs);
             let lhs = self.values(&identity.lhs);
@@ -570,6 +580,9 @@ impl<F: FnMut(&StageEvent) -> Option<Vec<f32>>> Stages<'_, F> {
         if !comparable {
             return skipped(Skip::NotComparable);
         }
+        if !(all_finite(&y.tensor) && all_finite(&x.tensor)) {
+            return skipped(Skip::NonFinite);
+        }
         if rows < MIN_NORM_ROWS {
             return skipped(Skip::FewRows);
         }
@@ -593,6 +606,11 @@ impl<F: FnMut(&StageEvent) -> Option<Vec<f32>>> Stages<'_, F> {
             ..skipped(Skip::NeedsCaptures)
         }
     }
+}
+
+/// Whether every value of the tensor is finite (its statistics count NaN and ±∞).
+fn all_finite(tensor: &TensorSummary) -> bool {
+    tensor.stats.nan_count == 0 && tensor.stats.inf_count == 0
 }
 
 /// `‖lhs − rhs‖₂ / ‖lhs‖₂`, non-finite values of `lhs` as 0.

@@ -358,3 +358,19 @@ fn the_multiplier_comes_from_the_header() {
         .to_string()
         .contains("not a finite number"));
 }
+
+#[test]
+fn non_finite_values_skip_the_identity() {
+    let mut stages = pre_norm(6);
+    stages[2].1[5] = f32::NAN;
+    for captured in [true, false] {
+        let checked = check(&layer(&stages, captured), &stages, 1.0);
+        assert_eq!(
+            checked.results[0].outcome,
+            Outcome::Skipped(Skip::NonFinite),
+            "captured: {captured}"
+        );
+        // R2 and the norms do not read attn_out.
+        assert_eq!(checked.results[1].outcome, Outcome::Passed);
+    }
+}
