@@ -13,8 +13,9 @@ use trace_runtime::compare::{
 
 use crate::load::InputError;
 
-/// Read model-trace trace files: what one holds, its summary, where it diverges from a
-/// reference, a page of plots, or a timeline for Perfetto.
+/// Read model-trace trace files: what one holds, its summary, whether its stages mean what
+/// their names say, where it diverges from a reference, a page of plots, or a timeline for
+/// Perfetto.
 #[derive(Debug, Parser)]
 #[command(name = "model-trace", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -61,6 +62,20 @@ pub(crate) enum Command {
         files: Vec<PathBuf>,
         /// Write the summary as JSON on stdout (header, tracer summary with the attention
         /// analysis, per-layer table).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that each layer's stages obey the identities their names promise (`resid_mid =
+    /// input + attention branch`, `output = resid_mid + MLP branch`, a norm stage a norm of
+    /// the stage before it): on the captured values where the stages were captured, through
+    /// the sketches elsewhere. Exit 0: every identity checked holds; 1: one fails (a stage
+    /// recorded on the wrong line, or a map of a family that means something else).
+    Check {
+        /// The trace file, or the rank files of one run (as for `list`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write the result as JSON on stdout (per identity the counts and the largest errors,
+        /// the failures).
         #[arg(long)]
         json: bool,
     },

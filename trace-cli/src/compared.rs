@@ -20,6 +20,7 @@ use trace_runtime::compare::{
 };
 use trace_runtime::{CaptureError, CaptureFiles, Event};
 
+use crate::checked::{CheckVerdict, StageChecker};
 use crate::input::{TraceFile, TraceRun};
 use crate::load::{self, InputError};
 use crate::style::Colors;
@@ -134,6 +135,7 @@ impl Diffed {
             cut_short: read.notes.truncation(),
             interventions: run.header().interventions.clone(),
             isolate: run.header().isolate.clone(),
+            stage_check: read.stage_check.clone(),
         };
         Ok(Self {
             files: [info(&ref_run, &reads[0]), info(&other_run, &reads[1])],
@@ -187,6 +189,36 @@ impl Diffed {
     /// The reference file that an isolated other trace was fed, if it is one.
     pub(crate) fn other_isolated_from(&self) -> Option<&str> {
         self.files[1].isolate.as_deref()
+    }
+
+    /// A warning per trace (the reference, the other, the floor) that fails the stage check:
+    /// a wrong stage map must not pass for a numeric divergence.
+    pub(crate) fn stage_check_warnings(&self) -> Vec<String> {
+        let sides = [
+            ("the reference", Some(&self.files[0])),
+            ("the other trace", Some(&self.files[1])),
+            ("the floor", self.floor.as_ref()),
+        ];
+        (sides.into_iter())
+            .filter_map(|(label, info)| {
+                let info = info?;
+                info.stage_check.warning(label, &info.path)
+            })
+            .collect()
+    }
+
+    /// The warning about the other trace alone, named `label` (an isolated run, whose
+    /// reference the plain comparison has already judged).
+    pub(crate) fn other_stage_check_warning(&self, label: &str) -> Option<String> {
+        let info = &self.files[1];
+        info.stage_check.warning(label, &info.path)
+    }
+
+    /// Says on stderr which traces fail the stage check.
+    pub(crate) fn warn_stage_check(&self) {
+        for warning in self.stage_check_warnings() {
+            eprintln!("model-trace: warning: {warning}");
+        }
     }
 
     /// Says on stderr which per-name overrides matched no tensor (the JSON output has them
@@ -265,6 +297,8 @@ struct ReadPasses {
     tensors: usize,
     /// Tensors that came after their pass had been handed on (a file not in pass order).
     late: usize,
+    /// The trace's stage check.
+    stage_check: CheckVerdict,
 }
 
 /// Reads `run` and sends its tensors pass by pass.
@@ -278,6 +312,8 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
     let (mut current, mut tensors, mut late) = (None::<usize>, 0, 0);
     // The token ids of the pass `current`.
     let mut tokens = None::<Vec<u32>>;
+    // Captures it cannot read are the comparison's warnings too: its own are not repeated.
+    let mut checker = StageChecker::new(run);
     let mut listening = true;
     let mut hand_on =
         |pass: Option<usize>, tokens: Option<Vec<u32>>, parts: &mut [TraceTensors]| {
@@ -292,6 +328,9 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
             }
         };
     let notes = load::read(run, |file, event| {
+        if let Ok(checker) = checker.as_mut() {
+            checker.event(run, file, &event);
+        }
         let at = rank_index(run, file);
         let pass = event.pass();
         match (pass, current) {
@@ -324,6 +363,10 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
         notes,
         tensors,
         late,
+        stage_check: match checker {
+            Ok(checker) => checker.verdict(),
+            Err(why) => CheckVerdict::not_run(why),
+        },
     })
 }
 
@@ -845,6 +888,10 @@ pub(crate) struct FileInfo {
     interventions: Vec<String>,
     /// The reference whose layer inputs an isolated run was fed.
     isolate: Option<String>,
+    /// The trace's stage check (`model-trace check`): whether its stages obey the identities
+    /// their names promise, on captured values where there are some, through the sketches
+    /// elsewhere.
+    stage_check: CheckVerdict,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -873,6 +920,9 @@ pub(crate) struct Divergence<'a> {
     pub(crate) pass: usize,
     pub(crate) layer: usize,
     pub(crate) stage: &'a str,
+    /// It is layer 0's `input`, the embeddings as the model scales them: before the first
+    /// layer, computed by no layer (not drift inherited from one).
+    pub(crate) before_first_layer: bool,
     seq: u64,
     #[serde(flatten)]
     detail: &'a Judged,
@@ -925,6 +975,7 @@ impl<'a> Report<'a> {
                 pass: f.pair.pass,
                 layer: f.pair.layer,
                 stage: &f.pair.name,
+                before_first_layer: before_first_layer(&f.pair),
                 seq: f.pair.seq,
                 detail: f,
             }),
@@ -1271,15 +1322,33 @@ fn describe(
     floor_factor: Option<f64>,
 ) {
     let p = &d.detail.pair;
-    let _ = writeln!(
-        out,
-        "{} pass {}, layer {}, {} (seq {} of the reference)",
-        colors.bad("first divergence:"),
-        d.pass,
-        d.layer,
-        colors.bold(&with_shard(d.stage, p.shard)),
-        d.seq
-    );
+    if d.before_first_layer {
+        let _ = writeln!(
+            out,
+            "{} pass {}, {} (layer 0, {}; seq {} of the reference)",
+            colors.bad("first divergence:"),
+            d.pass,
+            colors.bold("before the first layer (the embeddings)"),
+            with_shard(d.stage, p.shard),
+            d.seq
+        );
+        let _ = writeln!(
+            out,
+            "  layer 0's input is the embeddings as the model scales them: no layer computed \
+             it, so look at the embedding lookup and its scaling; every layer after it \
+             inherits the difference"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{} pass {}, layer {}, {} (seq {} of the reference)",
+            colors.bad("first divergence:"),
+            d.pass,
+            d.layer,
+            colors.bold(&with_shard(d.stage, p.shard)),
+            d.seq
+        );
+    }
     if p.verdict == Verdict::ShapeMismatch {
         let _ = writeln!(
             out,
@@ -1444,6 +1513,12 @@ fn with_shard(name: &str, shard: Option<usize>) -> String {
         Some(rank) => format!("{name} (rank {rank}'s shard)"),
         None => name.to_owned(),
     }
+}
+
+/// Whether `pair` is layer 0's `input`: the embeddings as the model scales them, the record
+/// before the first layer (docs/trace-format.md, the stage vocabulary).
+pub(crate) fn before_first_layer(pair: &TensorComparison) -> bool {
+    pair.layer == 0 && pair.name == "input"
 }
 
 /// The ratio of a pair for tables: 0 for bit-identical, infinite for a shape mismatch.

@@ -27,6 +27,7 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
         options.clone(),
         args.pass,
     )?;
+    diffed.warn_stage_check();
     let Some(isolated_path) = &args.isolated else {
         let report = diffed.report();
         if args.json {
@@ -45,6 +46,9 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
     let table_pass = Some(diffed.table_pass());
     // With a floor, the isolated run is judged by the same tolerances, tensor by tensor.
     let isolated = Diffed::read(&args.reference, isolated_path, floor, options, table_pass)?;
+    if let Some(warning) = isolated.other_stage_check_warning("the isolated run") {
+        eprintln!("model-trace: warning: {warning}");
+    }
     let warning = fed_from_elsewhere(&args.reference, isolated_path, &isolated);
     let local = Local::new(&diffed, &isolated, warning);
     if args.json {
@@ -93,6 +97,11 @@ struct Local<'a> {
     /// The isolated run was fed another file than REFERENCE (said, not refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     isolation_warning: Option<String>,
+    /// OTHER's first divergence is in the embeddings (layer 0's `input`, before the first
+    /// layer): what diverges after it is inherited from them, not from a layer (the JSON has
+    /// it as `first_divergence.before_first_layer`).
+    #[serde(skip)]
+    embeddings_diverged: bool,
 }
 
 #[derive(Serialize)]
@@ -168,6 +177,9 @@ impl<'a> Local<'a> {
                 relative_error: pair.error.relative_error,
             }),
             local_table_pass: isolated.table_pass(),
+            embeddings_diverged: other
+                .first()
+                .is_some_and(crate::compared::before_first_layer),
             local_layers: layers
                 .into_iter()
                 .map(|layer| LocalRow {
@@ -198,6 +210,17 @@ impl<'a> Local<'a> {
                     "{} layers {undecided:?} are within what the summaries can bound, but their \
                      estimated error is past the tolerance: capture the isolated run to decide",
                     colors.warn("undecided:")
+                );
+            }
+            None if self.embeddings_diverged => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    colors.good(
+                        "no layer is wrong on its own: fed the reference's input, every layer \
+                         stays within tolerance; what diverged above starts before the first \
+                         layer, in the embeddings, and the layers inherit it"
+                    )
                 );
             }
             None => {
@@ -245,8 +268,11 @@ impl<'a> Local<'a> {
         for row in &self.local_layers {
             let own = row.local.as_ref().is_some_and(|w| w.ratio > 1.0);
             let undecided = row.local.as_ref().is_some_and(|w| w.undecided);
+            let embeddings = self.embeddings_diverged && row.layer == 0;
             let verdict = if own {
                 colors.bad("wrong on its own")
+            } else if embeddings && row.inherited.as_ref().is_some_and(|w| w.ratio > 1.0) {
+                colors.warn("from the embeddings (before the first layer)")
             } else if undecided {
                 colors.warn("undecided: capture to tell")
             } else if row.inherited.as_ref().is_some_and(|w| w.ratio > 1.0) {

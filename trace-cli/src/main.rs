@@ -1,16 +1,19 @@
 //! `model-trace`: read trace files written by the model-trace runtime or its Python package.
 //!
 //! Exit codes: 0 when everything matched (or the command succeeded), 1 when `diff` found a
-//! divergence, 2 for bad input (an unreadable or malformed file, bad options).
+//! divergence or `check` a stage identity that fails, 2 for bad input (an unreadable or
+//! malformed file, bad options).
 //!
 //! Modules import downwards only: this file parses and dispatches; the subcommands (`list`,
-//! `summary`, `diff`, `report`, `chrome`) use the arguments (`args`), the result
+//! `summary`, `check`, `diff`, `report`, `chrome`) use the arguments (`args`), the result
 //! (`outcome`) and what two of them share (`header`, `compared`), which use the bottom layer:
 //! reading files (`load`), writing output (`output`) and colour (`style`).
 
 #![forbid(unsafe_code)]
 
 mod args;
+mod check;
+mod checked;
 mod chrome;
 mod compared;
 mod diff;
@@ -38,13 +41,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::List { files } => list::run(&files, &colors),
         Command::Summary { files, json } => summary::run(&files, json, &colors),
+        Command::Check { files, json } => check::run(&files, json, &colors),
         Command::Diff(args) => diff::run(&args, &colors),
         Command::Report(args) => report::run(&args),
         Command::Chrome { files, output } => chrome::run(&files, &output),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
-        Ok(Outcome::Diverged) => ExitCode::from(1),
+        Ok(Outcome::Diverged | Outcome::Failed) => ExitCode::from(1),
         Err(error) => {
             eprintln!("model-trace: {error}");
             ExitCode::from(2)

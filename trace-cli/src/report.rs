@@ -112,6 +112,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
         });
         let diffed = Diffed::read(reference, against, floor, options, args.pass)?;
         diffed.warn_unused_overrides();
+        diffed.warn_stage_check();
         if diffed.diverged() {
             outcome = Outcome::Diverged;
         }
