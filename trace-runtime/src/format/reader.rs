@@ -359,7 +359,7 @@ fn placeholder_header() -> TraceHeader {
         filter: String::new(),
         capture: String::new(),
         tracepoints: Vec::new(),
-        metadata: crate::RunMetadata::default(),
+        metadata: crate::record::RunMetadata::default(),
         run: String::new(),
         rank: None,
         world_size: None,

@@ -2,8 +2,9 @@
 
 use crate::record::RecordErrorKind;
 use crate::session::state::{self, StageRead, TensorPlan};
-use crate::summary::{summarize, takes_digest, TensorSummary, ValuesReader};
-use crate::tensor::{SummaryRequest, TraceTensor};
+use crate::stats::TensorStats;
+use crate::summary::TensorSummary;
+use crate::tensor::{summarize, takes_digest, SummaryRequest, TraceTensor, ValuesReader};
 use crate::tracepoint::callsite::Callsite;
 
 /// Reads a layer's tensor (a stage, the input or the output): started now and finished at the
@@ -27,7 +28,7 @@ pub(super) fn read_stage(
                 let placeholder = TensorSummary::from_stats(
                     tensor.shape().into_owned(),
                     tensor.dtype_name(),
-                    crate::TensorStats::default(),
+                    TensorStats::default(),
                 );
                 return Some(StageRead::Later(placeholder, read, cs.tracepoint()));
             }

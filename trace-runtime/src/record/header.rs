@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelTracerConfig;
-use crate::tracepoint::{Tracepoint, TracepointKind};
+use crate::tracepoint::{tracepoints, Tracepoint, TracepointKind};
 
 /// Version of the trace-file schema this crate writes and reads. A reader refuses a file of a
 /// newer version; `docs/trace-format.md` says what each version means.
@@ -108,7 +108,7 @@ pub struct TracepointInfo {
 impl TracepointInfo {
     /// Every tracepoint of the program, in [`tracepoints`](crate::tracepoints)' order.
     pub(crate) fn all() -> Vec<Self> {
-        let all = crate::tracepoints();
+        let all = tracepoints();
         all.iter()
             .map(|tracepoint| Self::with_selector(tracepoint, tracepoint.selector_among(&all)))
             .collect()

@@ -80,6 +80,7 @@ use crate::record::{
     RecordErrorKind, RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION,
 };
 use crate::sink::{ModelTracer, TraceFileSink, TraceSink};
+use crate::tracepoint::tracepoints;
 use state::{SessionSetup, SessionState};
 
 /// The environment variable that [`Session::start`] reads as a [`TraceFilter`].
@@ -779,7 +780,7 @@ impl SessionBuilder {
             )?;
         }
         let origin = filter_from_env.unwrap_or("filter");
-        for pattern in filter.unmatched(&crate::tracepoints()) {
+        for pattern in filter.unmatched(&tracepoints()) {
             let effect = if pattern.starts_with('-') {
                 "excludes"
             } else {
@@ -795,7 +796,7 @@ impl SessionBuilder {
         }
         interventions.append(&mut self.interventions);
         for intervention in &interventions {
-            for pattern in intervention.selector().unmatched(&crate::tracepoints()) {
+            for pattern in intervention.selector().unmatched(&tracepoints()) {
                 setup_errors.push((
                     RecordErrorKind::UnmatchedPattern,
                     format!(

@@ -24,7 +24,8 @@ use crate::record::{
     PassBegin, PassEnd, SessionEnd, StageEvent, TraceHeader,
 };
 use crate::select::{CaptureFilter, TraceFilter};
-use crate::sink::{LayerBegin, LayerEnd, ModelTracer, TraceSink};
+use crate::sink::{LayerBegin, LayerEnd, ModelTracer, SinkError, TraceSink};
+use crate::stats::TensorStats;
 use crate::summary::TensorSummary;
 use crate::tensor::{PendingSummary, TokensError, TraceTensor};
 use crate::tracepoint::callsite::{Callsite, Interest};
@@ -486,10 +487,7 @@ impl SessionState {
     }
 
     /// Calls `call` on each running sink; a sink that fails is stopped and its error noted.
-    fn for_each_sink(
-        &mut self,
-        mut call: impl FnMut(&mut dyn TraceSink) -> Result<(), crate::SinkError>,
-    ) {
+    fn for_each_sink(&mut self, mut call: impl FnMut(&mut dyn TraceSink) -> Result<(), SinkError>) {
         let mut failures = Vec::new();
         for slot in self.sinks.iter_mut().filter(|slot| !slot.stopped) {
             if let Err(error) = call(slot.sink.as_mut()) {
@@ -953,7 +951,7 @@ impl SessionState {
     }
 
     /// Feeds the statistics of a logits tensor to the pass's anomaly rules.
-    pub(crate) fn add_logits_stats(&mut self, layer: usize, stats: &crate::TensorStats) {
+    pub(crate) fn add_logits_stats(&mut self, layer: usize, stats: &TensorStats) {
         self.recorder.add_logits_stats(layer, stats);
     }
 

@@ -19,6 +19,7 @@ use crate::record::{
     QuantizationErrorTrace,
 };
 use crate::sink::{SinkError, TraceSink};
+use crate::stats::TensorStats;
 
 /// The records of a run, in memory, grouped by forward pass.
 ///
@@ -429,7 +430,7 @@ fn heap_size_of_layer(trace: &LayerActivationTrace) -> usize {
         + trace
             .stages
             .iter()
-            .map(|(name, _)| std::mem::size_of::<(String, crate::TensorStats)>() + name.len())
+            .map(|(name, _)| std::mem::size_of::<(String, TensorStats)>() + name.len())
             .sum::<usize>()
 }
 
@@ -454,7 +455,6 @@ fn heap_size_of_logits(trace: &LogitEvolutionTrace) -> usize {
 mod tests {
     use super::*;
     use crate::record::{KvCacheStateTrace, QuantizationErrorTrace};
-    use crate::stats::TensorStats;
 
     fn logits_with_order(vocab: usize, order: &[u32]) -> Vec<f32> {
         // tokens in `order` get the highest logits, first is best
@@ -560,7 +560,7 @@ mod tests {
         tracer.record_attention_weights(0, 0, 1, &[0.9, 0.1]);
         tracer.record_kv_state(KvCacheStateTrace::new(0, 16));
         let q = |site: &str| {
-            QuantizationErrorTrace::compute(site, 0, &[1.0], &[1.0], crate::QuantType::Q8_0)
+            QuantizationErrorTrace::compute(site, 0, &[1.0], &[1.0], crate::record::QuantType::Q8_0)
                 .unwrap()
         };
         tracer.record_quant_error(q("a"));
@@ -627,7 +627,7 @@ mod tests {
                     2,
                     &[1.0, 2.01],
                     &[1.0, 2.0],
-                    crate::QuantType::Q4_K,
+                    crate::record::QuantType::Q4_K,
                 )
                 .unwrap(),
             );
@@ -698,7 +698,7 @@ mod tests {
         assert_eq!(
             tracer.summary(),
             ModelTracerSummary {
-                memory_limit_bytes: crate::DEFAULT_MEMORY_LIMIT_BYTES,
+                memory_limit_bytes: crate::config::DEFAULT_MEMORY_LIMIT_BYTES,
                 attention_traced: true,
                 logits_traced: true,
                 kv_cache_traced: true,

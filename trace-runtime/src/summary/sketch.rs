@@ -292,7 +292,7 @@ mod tests {
         let forward: Vec<f32> = rows.concat();
         let reversed: Vec<f32> = rows.iter().rev().flatten().copied().collect();
         let (a, b) = (Sketch::of(&forward), Sketch::of(&reversed));
-        let l2 = f64::from(crate::TensorStats::from_slice(&forward).l2_norm);
+        let l2 = f64::from(crate::stats::TensorStats::from_slice(&forward).l2_norm);
         let bound = Sketch::bound(forward.len(), l2, 1e-5, 1.3e-6);
         let moved = a.0.iter().zip(&b.0).map(|(x, y)| f64::from((x - y).abs()));
         assert!(moved.fold(0.0, f64::max) > 100.0 * bound);
@@ -316,7 +316,7 @@ mod tests {
                 x + sign * limit
             })
             .collect();
-        let l2 = f64::from(crate::TensorStats::from_slice(&reference).l2_norm);
+        let l2 = f64::from(crate::stats::TensorStats::from_slice(&reference).l2_norm);
         let bound = Sketch::bound(reference.len(), l2, atol, rtol);
         let (a, b) = (Sketch::of(&reference), Sketch::of(&other));
         for (x, y) in a.0.iter().zip(&b.0) {

@@ -13,6 +13,7 @@ use std::fmt;
 use crate::stats::TensorStats;
 
 pub use deferred::{PendingSummary, SummaryRequest};
+pub(crate) use summarize::{summarize, takes_digest, ValuesReader};
 pub use tokens::{PassTokens, TokensError};
 
 #[cfg(feature = "candle")]
@@ -22,6 +23,7 @@ mod cuda;
 mod deferred;
 #[cfg(feature = "ndarray")]
 mod ndarray;
+mod summarize;
 mod tokens;
 
 /// A value that tracepoints can read as a tensor: a shape and `f32` values in row-major order.

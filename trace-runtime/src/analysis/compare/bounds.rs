@@ -170,7 +170,7 @@ mod tests {
             .enumerate()
             .map(|(i, &x)| {
                 let allowed = (tol.atol + tol.rtol * f64::from(x.abs())) as f32 * 0.99;
-                let sign = if crate::element_hash(i as u64) & 1 == 1 {
+                let sign = if crate::summary::element_hash(i as u64) & 1 == 1 {
                     -1.0
                 } else {
                     1.0
