@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::measure::{mebibytes, Measured, Subject};
+use crate::measure::{Measured, Subject};
 use crate::traces::Traces;
+use crate::usage::mebibytes;
 use crate::{BenchError, Settings, DIFF_RSS_TARGET_BYTES, DIFF_THROUGHPUT_TARGET};
 
 /// What the run measured, as printed and as `--json` writes it.

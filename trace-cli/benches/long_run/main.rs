@@ -53,6 +53,7 @@ mod figures;
 mod measure;
 mod model;
 mod traces;
+mod usage;
 
 use std::fmt;
 use std::io;

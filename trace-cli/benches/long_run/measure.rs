@@ -2,12 +2,12 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::traces::Traces;
+use crate::usage::{cpu_time, mebibytes, peak_rss_bytes, wait_with_usage};
 use crate::{BenchError, Settings};
 
 /// One command of the table.
@@ -47,7 +47,7 @@ impl Subject {
     }
 
     /// Where the command's stderr goes, in the traces' directory.
-    pub(crate) fn stderr_file(self) -> &'static str {
+    fn stderr_file(self) -> &'static str {
         match self {
             Self::List => "list.stderr",
             Self::Summary => "summary.stderr",
@@ -101,6 +101,11 @@ pub(crate) fn measure(settings: &Settings, traces: &Traces) -> Result<Measured, 
             samples.push(sample);
         }
     }
+    // Every command did what was measured: their stderr files hold nothing to keep (after a
+    // failure, the failed command's stays for its error).
+    for subject in Subject::ALL {
+        let _ = std::fs::remove_file(traces.dir.join(subject.stderr_file()));
+    }
     Ok(Measured { samples })
 }
 
@@ -147,61 +152,6 @@ fn run_child(
     })
 }
 
-/// Waits for the child `pid` and returns its exit status and resource usage.
-///
-/// `wait4`, not `Child::wait`: only the call that reaps the child gets its resource usage.
-fn wait_with_usage(pid: u32) -> io::Result<(ExitStatus, libc::rusage)> {
-    use std::os::unix::process::ExitStatusExt as _;
-    let pid = libc::pid_t::try_from(pid)
-        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
-    let mut status: libc::c_int = 0;
-    // SAFETY: `rusage` is plain data, for which all zeroes is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid places for the results and outlive the call,
-        // which keeps neither pointer; `pid` is our own child, not yet reaped.
-        let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        if reaped == pid {
-            break;
-        }
-        let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::Interrupted {
-            return Err(error);
-        }
-    }
-    Ok((ExitStatus::from_raw(status), usage))
-}
-
-/// The peak resident set in bytes (what `/usr/bin/time -v` reports as the maximum resident
-/// set size).
-fn peak_rss_bytes(usage: &libc::rusage) -> u64 {
-    // Linux counts `ru_maxrss` in KiB, macOS in bytes.
-    let unit = if cfg!(target_os = "macos") { 1 } else { 1024 };
-    u64::try_from(usage.ru_maxrss).unwrap_or(0) * unit
-}
-
-/// User plus system time.
-fn cpu_time(usage: &libc::rusage) -> Duration {
-    let time = |t: libc::timeval| {
-        let seconds = u64::try_from(t.tv_sec).unwrap_or(0);
-        let micros = u32::try_from(t.tv_usec).unwrap_or(0);
-        Duration::from_secs(seconds) + Duration::from_micros(micros.into())
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
-/// The CPU time this process has used so far, all its threads together.
-pub(crate) fn own_cpu_time() -> io::Result<Duration> {
-    // SAFETY: `rusage` is plain data, for which all zeroes is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid place for the result and outlives the call, which keeps no
-    // pointer to it.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cpu_time(&usage))
-}
-
 /// The last lines of a command's stderr, for an error message.
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -211,9 +161,4 @@ fn tail(path: &Path) -> String {
         return "  (nothing)".into();
     }
     shown.iter().map(|line| format!("  {line}\n")).collect()
-}
-
-#[allow(clippy::cast_precision_loss)]
-pub(crate) fn mebibytes(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 20)
 }

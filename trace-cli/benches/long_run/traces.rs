@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use model_trace::{ModelTracerConfig, Session, TraceReader};
 use serde::{Deserialize, Serialize};
 
-use crate::measure::{own_cpu_time, Subject};
 use crate::model::{Model, Step, Variant, PROMPT_TOKENS};
+use crate::usage::own_cpu_time;
 use crate::{megabytes, BenchError, Settings, BYTES_PER_PASS_BOUND, SPARE_BYTES};
 
 /// The two trace files and what writing them took.
@@ -154,14 +154,9 @@ impl Traces {
             .map_err(BenchError::io("read the size of", path))
     }
 
-    /// Removes the traces and the report unless they are to be kept, and the commands'
-    /// stderr files when `succeeded` (after a failure they hold its cause).
+    /// Removes the traces and the report unless they are to be kept, and the directory when
+    /// this run made it and `succeeded` (after a failure it holds the failed command's stderr).
     pub(crate) fn clean_up(&self, succeeded: bool) -> Result<(), BenchError> {
-        if succeeded {
-            for subject in Subject::ALL {
-                let _ = std::fs::remove_file(self.dir.join(subject.stderr_file()));
-            }
-        }
         if !self.remove {
             eprintln!("long_run: the traces are in {}", self.dir.display());
             return Ok(());
