@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use trace_runtime::{TraceHeader, TraceReader};
 
-use crate::load::InputError;
+/// A problem with the input: the message names the file (and line).
+pub(crate) type InputError = String;
 
 /// The extension of the trace files a directory is searched for.
 const TRACE_EXTENSION: &str = "ndjson";

@@ -8,6 +8,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use trace_runtime::{Event, PassBegin, PassEnd, ReadError, TraceReader};
 
+// The commands take `InputError` from here, beside `read`.
+pub(crate) use crate::input::InputError;
 use crate::input::{TraceFile, TraceRun};
 
 /// Files above this size show a progress bar (on a terminal).
@@ -15,9 +17,6 @@ const PROGRESS_BYTES: u64 = 32 << 20;
 
 /// Events read between two updates of the progress bar.
 const PROGRESS_EVENTS: u64 = 4096;
-
-/// A problem with the input: the message names the file (and line).
-pub(crate) type InputError = String;
 
 /// What reading a run gave besides its events.
 #[derive(Debug, Default)]
