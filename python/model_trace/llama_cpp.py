@@ -2,7 +2,8 @@
 graph's intermediate tensors read with an eval callback and written as a model-trace trace file.
 
     python -m model_trace.llama_cpp MODEL.gguf (--prompt TEXT | --tokens-from TRACE) \\
-        [--max-tokens N] [--kv f16|f32] [--threads N] --out OUT [--capture PATTERN]
+        [--max-tokens N] [--kv f16|f32] [--threads N] --out OUT [--capture PATTERN] \\
+        [--node-table ARCH] [--no-stage-check]
 
 ``--tokens-from TRACE`` runs the passes of a trace of the port: each pass is fed the token ids
 the port's pass consumed (``pass_begin.tokens``; for a trace without them, the header's
@@ -15,32 +16,46 @@ with ``--prompt`` the default is 16, with ``--tokens-from`` every pass of TRACE.
 Needs ``llama-cpp-python==0.3.36`` (the ctypes view of ``ggml_tensor`` below is that version's;
 another version is refused). Built with ``CMAKE_ARGS="-DGGML_NATIVE=OFF"``.
 
-A pass is one graph run (one ``llama_decode``). Stages come from llama.cpp's node names, per layer
-``N`` (``docs/trace-format.md`` has the table with what llama.cpp cannot give):
+A pass is one graph run (one ``llama_decode``). Stages come from llama.cpp's node names, which
+differ by architecture: each architecture (the GGUF's ``general.architecture``) has a
+declarative :class:`NodeTable` in :data:`TABLES`, read from its graph builder in the llama.cpp
+that llama-cpp-python 0.3.36 vendors (``src/models/<architecture>.cpp``). Per layer ``N`` (the
+table of every architecture: ``docs/trace-format.md``), for Llama:
 
-=====================  ==============================================
-llama.cpp node         stage
-=====================  ==============================================
-``l_out-(N-1)``        ``input`` of layer N (``embd`` for layer 0)
-``attn_norm-N``        ``attn_in``
-``attn_out-N``         ``attn_out`` (after the output projection)
-``ffn_inp-N``          ``resid_mid``
-``ffn_norm-N``         ``mlp_in``
-``ffn_out-N``          ``mlp_out``
-``l_out-N``            ``output``
-``kq_soft_max-N``      attention probabilities ``[1, heads, seq, positions]``
-``result_output``      logits (the pass's last row, ``[1, vocab]``, as the port records them)
-=====================  ==============================================
+=========================  ==============================================
+llama.cpp node             stage
+=========================  ==============================================
+``l_out-(N-1)``            ``input`` of layer N (``embd`` for layer 0)
+``attn_norm-N``            ``attn_in``
+``attn_out-N``             ``attn_out`` (after the output projection)
+``ffn_inp-N``              ``resid_mid``
+``ffn_norm-N``             ``mlp_in``
+``ffn_out-N``              ``mlp_out`` (``ffn_moe_out-N`` in a MoE layer)
+``l_out-N``                ``output``
+``kq_soft_max-N``          attention probabilities ``[1, heads, seq, positions]``
+``result_output``          logits (the pass's last row, ``[1, vocab]``, as the port records them)
+=========================  ==============================================
 
-Only nodes computed by an operation are read: views (``... (view)``, ``(reshaped)``,
-``(permuted)``) carry other names and are never taken, and a wanted name computed twice in one
-graph run is an error, not a silent choice. ``Qcur``/``Kcur``/``Vcur`` (three nodes of one name:
-the matmul, a reshape, RoPE) are not read: Q and K are in the GGUF's permuted row order and match
-no other implementation's. ggml's dimensions are innermost first (``ne = [576, 5]`` is ``[5,
-576]`` row-major); tensors are written with the batch dimension the port gives them (``[1, 5,
-576]``). Flash attention is off (so that ``kq_soft_max`` exists), and every token of a pass asks
-for logits (so that the last layer keeps every position: llama.cpp otherwise drops the rows
-without logits before the last layer's MLP).
+and for Gemma 3: ``inp_scaled`` (the embeddings times sqrt(width)) is layer 0's ``input``,
+``Qcur_normed-N``/``Kcur_normed-N`` are ``q_norm``/``k_norm`` (``[1, seq, heads, head_dim]``,
+before RoPE, as transformers' ``q_norm``/``k_norm`` return them), ``attn_post_norm-N`` is
+``attn_post_norm``, ``sa_out-N`` is ``resid_mid``, ``ffn_norm-N`` is ``mlp_in``
+(``pre_feedforward_layernorm``), ``ffn_out-N`` is ``mlp_out``, ``ffn_post_norm-N`` is
+``mlp_post_norm``. Where an architecture does not name its attention output (all but Llama
+and Granite), ``attn_out`` is the node that multiplies by the layer's ``blk.N.attn_output.weight``
+(or adds its ``blk.N.attn_output.bias`` after that); Phi-3's unnamed ``resid_mid`` is the add
+that takes that node as an operand. A node a table expects and the graph did
+not compute is a warning (:class:`MissingNodeWarning`) once per node and run, never a silent
+gap. An architecture with no table is an error, unless ``node_table=`` (``--node-table``) names
+the table to borrow (a warning says so); the stage check below then tells whether it fits.
+
+The stage check (``model_trace.stage_check``: ``resid_mid = input + attention branch``, ``output
+= resid_mid + MLP branch``, each norm stage a normalisation of the stage before it) runs on the
+first pass's values: a stage map that does not fit the graph raises
+:class:`model_trace.stage_check.StageMapError` naming layer, stage and identity; the header's
+``metadata.extra.stage_check`` says ``first pass`` (or ``off`` with ``check_stages=False``,
+``--no-stage-check``), ``metadata.extra.architecture`` the GGUF's architecture, and
+``metadata.extra.residual_multiplier`` Granite's ``residual_scale``.
 
 Cost: every node the callback asks for splits ggml's graph there. Reading SmolLM2's 212 nodes
 makes ``llama_decode`` of a 57-token prompt 13-16% slower on 1 thread (6-33% on 2, noisy) and a
@@ -53,12 +68,15 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import re
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -68,31 +86,145 @@ from .writer import TraceWriter
 #: The llama-cpp-python version whose ``ggml_tensor`` layout :class:`_GgmlTensor` copies.
 LLAMA_CPP_PYTHON = "0.3.36"
 
-#: llama.cpp node name (without the ``-N``) -> stage, in the order a layer records them.
-STAGES = {
-    "attn_norm": "attn_in",
-    "attn_out": "attn_out",
-    "ffn_inp": "resid_mid",
-    "ffn_norm": "mlp_in",
-    "ffn_out": "mlp_out",
-    "l_out": "output",
-}
+#: The pseudo-node of a table that is the attention's output projection: the node whose operand
+#: is the layer's ``blk.N.attn_output.weight`` (a matmul), or, after it, ``blk.N.attn_output.bias``
+#: (the bias add), for graphs that leave that node unnamed.
+ATTN_PROJECTION = "@attn_output"
+#: The pseudo-node that is the sum of the attention's output and the residual stream: the first
+#: add whose operand is the attention projection (or the last layer's row selection of it), for
+#: graphs that leave it unnamed (Phi-3).
+ATTN_RESIDUAL = "@attn_residual"
 
-#: Global nodes read: the token embeddings (layer 0's input) and the logits.
-EMBEDDINGS, LOGITS = "embd", "result_output"
 
-#: The tracepoints a llama.cpp trace records (the header's ``tracepoints``; what capture
-#: patterns match): the pass, the layer (input and output), each stage, the attention, the logits.
-TRACEPOINTS = (
-    [{"kind": "model", "name": "forward", "function": "llama_decode", "file": "", "line": 0},
-     {"kind": "layer", "name": "llama_layer", "function": "llama_decode", "file": "", "line": 0}]
-    + [{"kind": "tensor", "name": stage, "function": "llama_decode", "file": "", "line": 0}
-       for stage in STAGES.values() if stage != "output"]
-    + [{"kind": "attention", "name": "kq_soft_max", "function": "llama_decode", "file": "", "line": 0},
-       {"kind": "logits", "name": "logits", "function": "llama_decode", "file": "", "line": 0}]
+@dataclass(frozen=True)
+class NodeTable:
+    """How one llama.cpp architecture's graph names what a layer computes.
+
+    ``embeddings``: the global node that is layer 0's ``input`` (the embeddings as the model
+    scales them). ``stages``: ``(stage, candidate nodes)`` in the order a layer computes them;
+    the first candidate the graph computed is taken (``ffn_out`` of a dense layer, ``ffn_moe_out``
+    of a MoE one). Node names are without their ``-N``. ``unnumbered``: nodes a layer names
+    without its number (``cb(..., -1)`` inside the layer loop: Gemma 2's and OLMo 2's
+    ``ffn_post_norm``), taken as the layer of the numbered node before them. ``variants``:
+    ``(node, stages)``: where the graph computed that node, these stages replace ``stages``
+    (Falcon's new architecture, whose second attention norm moves the first to the MLP).
+    ``residual_scale``: the GGUF key of a multiplier of the residual branches (Granite).
+    ``qk_per_head``: the query/key norms are per head (``[1, seq, heads, head_dim]``, Gemma 3,
+    Qwen 3) rather than over the whole projection (``[1, seq, heads*head_dim]``, OLMo 2)."""
+
+    architecture: str
+    embeddings: str
+    stages: Tuple[Tuple[str, Tuple[str, ...]], ...]
+    unnumbered: FrozenSet[str] = frozenset()
+    variants: Tuple[Tuple[str, Tuple[Tuple[str, Tuple[str, ...]], ...]], ...] = ()
+    residual_scale: Optional[str] = None
+    qk_per_head: bool = True
+
+    def nodes(self) -> FrozenSet[str]:
+        """Every node name (pseudo-nodes included) a layer of this table may read."""
+        every = [self.stages] + [stages for _, stages in self.variants]
+        names = {node for stages in every for _, candidates in stages for node in candidates}
+        return frozenset(names | {marker for marker, _ in self.variants} | {"kq_soft_max"})
+
+    def stages_for(self, computed: Iterable[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+        """The stages of a graph that computed the nodes ``computed`` (its variant's, if any)."""
+        present = set(computed)
+        for marker, stages in self.variants:
+            if marker in present:
+                return stages
+        return self.stages
+
+
+def _pre_norm(attn_out: Tuple[str, ...] = (ATTN_PROJECTION,), mlp_out: Tuple[str, ...] = ("ffn_out",),
+              qk: bool = False) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """A pre-norm block's stages, as most of llama.cpp's graphs name them."""
+    return (("attn_in", ("attn_norm",)),
+            *((("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",))) if qk else ()),
+            ("attn_out", attn_out), ("resid_mid", ("ffn_inp",)), ("mlp_in", ("ffn_norm",)),
+            ("mlp_out", mlp_out), ("output", ("l_out",)))
+
+
+def _sandwich(qk: bool, post_norms: bool) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """Gemma's blocks: ``sa_out`` is the stream between the sub-blocks; Gemma 2 and 3 add the
+    post-norms that join the stream."""
+    return (("attn_in", ("attn_norm",)),
+            *((("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",))) if qk else ()),
+            ("attn_out", (ATTN_PROJECTION,)),
+            *((("attn_post_norm", ("attn_post_norm",)),) if post_norms else ()),
+            ("resid_mid", ("sa_out",)), ("mlp_in", ("ffn_norm",)), ("mlp_out", ("ffn_out",)),
+            *((("mlp_post_norm", ("ffn_post_norm",)),) if post_norms else ()),
+            ("output", ("l_out",)))
+
+
+def _tables(*tables: NodeTable) -> Dict[str, NodeTable]:
+    return {table.architecture: table for table in tables}
+
+
+#: The node tables, by llama.cpp architecture (``general.architecture``). Transformers' Mistral
+#: and Mixtral convert to ``llama``.
+TABLES: Dict[str, NodeTable] = _tables(
+    NodeTable("llama", "embd", _pre_norm(attn_out=("attn_out",), mlp_out=("ffn_out", "ffn_moe_out"))),
+    NodeTable("qwen2", "embd", _pre_norm()),
+    # ffn_out: the routed experts' ffn_moe_out plus the gated shared expert.
+    NodeTable("qwen2moe", "embd", _pre_norm()),
+    NodeTable("qwen3", "embd", _pre_norm(qk=True)),
+    NodeTable("qwen3moe", "embd", _pre_norm(mlp_out=("ffn_moe_out",), qk=True)),
+    NodeTable("gemma", "inp_scaled", _sandwich(qk=False, post_norms=False)),
+    NodeTable("gemma2", "inp_scaled", _sandwich(qk=False, post_norms=True),
+              unnumbered=frozenset({"ffn_post_norm"})),
+    NodeTable("gemma3", "inp_scaled", _sandwich(qk=True, post_norms=True)),
+    # The sum of the attention and the stream is unnamed.
+    NodeTable("phi3", "embd", (("attn_in", ("attn_norm",)), ("attn_out", (ATTN_PROJECTION,)),
+                               ("resid_mid", (ATTN_RESIDUAL,)), ("mlp_in", ("ffn_norm",)),
+                               ("mlp_out", ("ffn_out", "ffn_moe_out")), ("output", ("l_out",)))),
+    # No pre-norms; the query/key norms span the whole projection ([1, seq, heads*head_dim]).
+    NodeTable("olmo2", "embd", (("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",)),
+                                ("attn_out", (ATTN_PROJECTION,)), ("attn_post_norm", ("attn_post_norm",)),
+                                ("resid_mid", ("ffn_inp",)), ("mlp_out", ("ffn_out",)),
+                                ("mlp_post_norm", ("ffn_post_norm",)), ("output", ("l_out",))),
+              unnumbered=frozenset({"ffn_post_norm"}), qk_per_head=False),
+    # embd carries the embedding multiplier; attn_out and ffn_out are before the residual scale.
+    NodeTable("granite", "embd", _pre_norm(attn_out=("attn_out",), mlp_out=("ffn_out", "ffn_moe_out")),
+              residual_scale="granite.residual_scale"),
+    NodeTable("starcoder2", "embd", _pre_norm()),
+    NodeTable("stablelm", "embd", _pre_norm()),
+    # Parallel: attention and MLP both read the stream, no resid_mid. The new architecture
+    # (attn_norm_2 = ln_attn) gives the MLP its own norm, attn_norm (= ln_mlp).
+    NodeTable("falcon", "embd", (("attn_in", ("attn_norm",)), ("attn_out", (ATTN_PROJECTION,)),
+                                 ("mlp_out", ("ffn_out",)), ("output", ("l_out",))),
+              variants=(("attn_norm_2", (("attn_in", ("attn_norm_2",)), ("mlp_in", ("attn_norm",)),
+                                         ("attn_out", (ATTN_PROJECTION,)), ("mlp_out", ("ffn_out",)),
+                                         ("output", ("l_out",)))),)),
+    # inpL: the token embeddings plus the learned position embeddings.
+    NodeTable("gpt2", "inpL", _pre_norm()),
 )
 
-_NODE = re.compile(r"^([a-z_]+)-(\d+)$")
+#: Global nodes read besides a table's embeddings: the logits.
+LOGITS = "result_output"
+
+_NODE = re.compile(r"^([A-Za-z_0-9]+?)-(\d+)$")
+_PROJECTION_OPERAND = re.compile(r"^blk\.(\d+)\.attn_output\.(weight|bias)$")
+
+GGML_OP_ADD, GGML_OP_MUL_MAT, GGML_OP_GET_ROWS = 2, 29, 40
+
+
+def tracepoints(table: NodeTable) -> List[Dict[str, Any]]:
+    """The tracepoints a llama.cpp trace of ``table``'s architecture records (the header's
+    ``tracepoints``; what capture patterns match): the pass, the layer (input and output), each
+    stage, the attention, the logits."""
+    stages = [stage for stages in [table.stages] + [v for _, v in table.variants] for stage, _ in stages]
+    ordered = [stage for i, stage in enumerate(stages) if stage != "output" and stage not in stages[:i]]
+    site = {"function": "llama_decode", "file": "", "line": 0}
+    return ([{"kind": "model", "name": "forward", **site}, {"kind": "layer", "name": "llama_layer", **site}]
+            + [{"kind": "tensor", "name": stage, **site} for stage in ordered]
+            + [{"kind": "attention", "name": "kq_soft_max", **site}, {"kind": "logits", "name": "logits", **site}])
+
+
+class MissingNodeWarning(UserWarning):
+    """A node the architecture's table expects that llama.cpp's graph did not compute: its stage
+    is absent from the trace."""
+
+
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
@@ -153,12 +285,21 @@ def _ggml_base(llama_cpp: Any) -> ctypes.CDLL:
     return lib
 
 
-def wanted_node(name: str) -> Optional[Tuple[str, int]]:
-    """(node kind, layer) of a node this writer reads (layer -1 for a global one), or ``None``."""
-    if name in (EMBEDDINGS, LOGITS):
+@functools.lru_cache(maxsize=None)
+def _node_names(table: NodeTable) -> FrozenSet[str]:
+    return table.nodes()
+
+
+def wanted_node(name: str, table: NodeTable, layer_before: int = -1) -> Optional[Tuple[str, int]]:
+    """(node name without its ``-N``, layer) of a named node this writer reads for ``table``'s
+    architecture (layer -1 for a global one), or ``None``. ``layer_before``: the layer of the
+    numbered node before it, which an unnumbered node of the table belongs to."""
+    if name in (table.embeddings, LOGITS):
         return name, -1
+    if name in table.unnumbered:
+        return (name, layer_before) if layer_before >= 0 else None
     match = _NODE.match(name)
-    if match and (match.group(1) in STAGES or match.group(1) == "kq_soft_max"):
+    if match and match.group(1) in _node_names(table):
         return match.group(1), int(match.group(2))
     return None
 
@@ -176,28 +317,55 @@ def _drop_log(_level: int, _text: bytes, _user_data: Any) -> None:
     """A llama.cpp log callback that drops the line."""
 
 
+def _print_log(_level: int, text: bytes, _user_data: Any) -> None:
+    """A llama.cpp log callback that writes the line to stderr."""
+    sys.stderr.write(text.decode("utf-8", "replace"))
+
+
 #: Made once the module is used: ``llama_log_set`` keeps the pointer.
-_QUIET: Any = None
+_LOG_CALLBACKS: Dict[bool, Any] = {}
 
 
 def _quiet(L: Any, verbose: bool) -> None:
-    """Drops llama.cpp's log lines (unless ``verbose``)."""
-    global _QUIET
-    if verbose:
-        L.llama_log_set(None, None)
-        return
-    if _QUIET is None:
-        _QUIET = L.llama_log_callback(_drop_log)
-    L.llama_log_set(_QUIET, None)
+    """Drops llama.cpp's log lines (unless ``verbose``: then they go to stderr)."""
+    if verbose not in _LOG_CALLBACKS:
+        _LOG_CALLBACKS[verbose] = L.llama_log_callback(_print_log if verbose else _drop_log)
+    L.llama_log_set(_LOG_CALLBACKS[verbose], None)
+
+
+def _name(pointer: Optional[int]) -> str:
+    return _GgmlTensor.from_address(pointer).name.decode("utf-8", "replace") if pointer else ""
 
 
 class _Nodes:
-    """The eval callback: the wanted nodes' values of one graph run, row-major float32."""
+    """The eval callback: the wanted nodes' values of one graph run, row-major float32, with
+    their ggml sizes (``ne``)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, table: NodeTable) -> None:
         self.lib = lib
+        self.table = table
+        names = _node_names(table)
+        self.find_projection = ATTN_PROJECTION in names or ATTN_RESIDUAL in names
+        self.find_residual = ATTN_RESIDUAL in names
         self.values: Dict[Tuple[str, int], np.ndarray] = {}
+        self.sizes: Dict[Tuple[str, int], Tuple[int, ...]] = {}
         self.error: Optional[str] = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Before a graph run."""
+        self.values.clear()
+        self.sizes.clear()
+        #: Every node name (without its number) the graph computed: what a table's variant and
+        #: the missing-node warnings look at.
+        self.computed: Set[str] = set()
+        #: The layer of the last numbered node asked about.
+        self.layer = -1
+        #: Nodes answered True, until their values come: (node, layer), found by structure?
+        self.pending: Dict[int, Tuple[Tuple[str, int], bool]] = {}
+        #: The attention projection's outputs (and the last layer's row selections of them), by
+        #: pointer: their layer.
+        self.projections: Dict[int, int] = {}
 
     def __call__(self, pointer: int, ask: bool, _user_data: Any) -> bool:
         try:
@@ -208,13 +376,13 @@ class _Nodes:
 
     def _node(self, pointer: int, ask: bool) -> bool:
         tensor = _GgmlTensor.from_address(pointer)
-        name = tensor.name.decode("utf-8", "replace")
-        wanted = wanted_node(name)
         if ask:
-            return wanted is not None
+            return self._ask(pointer, tensor)
+        wanted, structural = self.pending.pop(pointer, (None, False))
         if wanted is None:
             return True
-        if wanted in self.values:
+        name = tensor.name.decode("utf-8", "replace")
+        if wanted in self.values and not structural:
             self.error = f"llama.cpp computed the node {name!r} twice in one graph run"
             return False
         if tensor.type not in (GGML_TYPE_F32, GGML_TYPE_F16):
@@ -224,18 +392,94 @@ class _Nodes:
         raw = (ctypes.c_uint8 * size)()
         self.lib.ggml_backend_tensor_get(pointer, raw, 0, size)
         dtype = np.float32 if tensor.type == GGML_TYPE_F32 else np.float16
+        # A structural match later in the layer (the bias add after the matmul) replaces the earlier.
         self.values[wanted] = row_major(np.frombuffer(raw, dtype=np.uint8), dtype, list(tensor.ne),
                                         list(tensor.nb))
+        self.sizes[wanted] = tuple(tensor.ne)
         return True
+
+    def _ask(self, pointer: int, tensor: _GgmlTensor) -> bool:
+        name = tensor.name.decode("utf-8", "replace")
+        match = _NODE.match(name)
+        if match:
+            self.layer = int(match.group(2))
+            self.computed.add(match.group(1))
+        elif name:
+            self.computed.add(name)
+        wanted = wanted_node(name, self.table, self.layer)
+        structural = False
+        if wanted is None and self.find_projection:
+            wanted = self._by_structure(pointer, tensor)
+            structural = wanted is not None
+        if wanted is not None:
+            self.pending[pointer] = (wanted, structural)
+        return wanted is not None
+
+    def _by_structure(self, pointer: int, tensor: _GgmlTensor) -> Optional[Tuple[str, int]]:
+        """The attention projection (by its weight or bias operand) and the add of it to the
+        stream, which some graphs leave unnamed."""
+        if tensor.op in (GGML_OP_MUL_MAT, GGML_OP_ADD):
+            operand = _PROJECTION_OPERAND.match(_name(tensor.src[0] if tensor.op == GGML_OP_MUL_MAT else tensor.src[1]))
+            if operand and (operand.group(2) == "weight") == (tensor.op == GGML_OP_MUL_MAT):
+                layer = int(operand.group(1))
+                self.projections[pointer] = layer
+                self.computed.add(ATTN_PROJECTION)
+                return ATTN_PROJECTION, layer
+        if tensor.op == GGML_OP_GET_ROWS and tensor.src[0] in self.projections:
+            self.projections[pointer] = self.projections[tensor.src[0]]
+            return None
+        if self.find_residual and tensor.op == GGML_OP_ADD:
+            for operand in (tensor.src[0], tensor.src[1]):
+                layer = self.projections.get(operand) if operand else None
+                if layer is not None and (ATTN_RESIDUAL, layer) not in self.values \
+                        and not any(key == (ATTN_RESIDUAL, layer) for key, _ in self.pending.values()):
+                    self.computed.add(ATTN_RESIDUAL)
+                    return ATTN_RESIDUAL, layer
+        return None
+
+
+def architecture_of(model: Any, L: Any) -> str:
+    """The GGUF's ``general.architecture`` as llama.cpp read it."""
+    return _meta(model, L, "general.architecture") or ""
+
+
+def _meta(model: Any, L: Any, key: str) -> Optional[str]:
+    buffer = ctypes.create_string_buffer(256)
+    length = L.llama_model_meta_val_str(model, key.encode(), buffer, ctypes.sizeof(buffer))
+    return buffer.value.decode("utf-8", "replace") if length >= 0 else None
+
+
+def table_for(architecture: str, node_table: Optional[str] = None) -> NodeTable:
+    """The node table of ``architecture``, or of ``node_table`` where given (borrowed: a
+    warning says so). An architecture with no table is an error naming those there are."""
+    known = ", ".join(sorted(TABLES))
+    if node_table is not None:
+        if node_table not in TABLES:
+            raise LlamaCppError(f"no llama.cpp node table {node_table!r}; there are tables for {known}")
+        if node_table != architecture:
+            warnings.warn(f"model_trace.llama_cpp: reading the {architecture!r} graph with the {node_table!r} "
+                          "node table (--node-table): the stage check on the first pass tells whether it fits",
+                          stacklevel=3)
+        return TABLES[node_table]
+    if architecture not in TABLES:
+        raise LlamaCppError(
+            f"no node table for llama.cpp's architecture {architecture!r}: its graph names its nodes its own way "
+            f"(src/models/{architecture}.cpp). Tables: {known}. If its blocks are built like one of those, "
+            "--node-table ARCH (node_table=) reads it with that table, and the stage check tells whether it fits")
+    return TABLES[architecture]
 
 
 def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_passes: int = 0,
         kv: str = "f16", threads: int = 1, capture: Optional[str] = None,
-        metadata: Optional[Dict[str, Any]] = None, verbose: bool = False) -> List[int]:
+        metadata: Optional[Dict[str, Any]] = None, verbose: bool = False, check_stages: bool = True,
+        node_table: Optional[str] = None) -> List[int]:
     """Runs each token list of ``passes`` as one graph run at the positions after the previous
     ones, then ``greedy_passes`` more, each fed the token llama.cpp chose last; writes the trace
-    at ``out`` and returns the token chosen after each pass (the last row's argmax). llama.cpp's
-    own log lines are dropped unless ``verbose``."""
+    at ``out`` and returns the token chosen after each pass (the last row's argmax). The stages
+    follow the node table of the GGUF's architecture (``node_table``: another's, borrowed);
+    ``check_stages``: the stage check on the first pass (a failure raises
+    :class:`model_trace.stage_check.StageMapError`). llama.cpp's own log lines are dropped
+    unless ``verbose``."""
     if kv not in ("f16", "f32"):
         raise ValueError(f"kv is 'f16' or 'f32', not {kv!r}")
     if not passes or not passes[0]:
@@ -251,7 +495,14 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
     model = L.llama_model_load_from_file(model_path.encode(), model_params)
     if not model:
         raise LlamaCppError(f"llama.cpp could not load {model_path}")
-    nodes = _Nodes(_ggml_base(L))
+    architecture = architecture_of(model, L)
+    try:
+        table = table_for(architecture, node_table)
+    except LlamaCppError:
+        L.llama_model_free(model)
+        raise
+    residual_multiplier = _meta(model, L, table.residual_scale) if table.residual_scale else None
+    nodes = _Nodes(_ggml_base(L), table)
     callback = L.ggml_backend_sched_eval_callback(nodes)  # kept alive as long as the context
     total = sum(len(p) for p in passes) + greedy_passes
     widest = max(len(p) for p in passes)
@@ -268,21 +519,23 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
     if not context:
         L.llama_model_free(model)
         raise LlamaCppError("llama.cpp could not create a context")
-    meta: Dict[str, Any] = {
-        "model": os.path.basename(model_path),
-        "weights": os.path.abspath(model_path),
-        "device": "cpu",
-        "extra": {
-            "writer": f"llama.cpp (llama-cpp-python {L.__version__})",
-            "kv_cache": kv,
-            "flash_attention": "off",
-            "threads": str(threads),
-            "prompt_ids": json.dumps(list(passes[0])),
-        },
+    extra = {
+        "writer": f"llama.cpp (llama-cpp-python {L.__version__})",
+        "architecture": architecture,
+        "node_table": table.architecture,
+        "kv_cache": kv,
+        "flash_attention": "off",
+        "threads": str(threads),
+        "prompt_ids": json.dumps(list(passes[0])),
+        "stage_check": "first pass" if check_stages else "off",
     }
+    if residual_multiplier is not None:
+        extra["residual_multiplier"] = residual_multiplier
+    meta: Dict[str, Any] = {"model": os.path.basename(model_path), "weights": os.path.abspath(model_path),
+                            "device": "cpu", "extra": extra}
     meta.update(metadata or {})
     writer = TraceWriter(out, config={"trace_activations": True, "trace_attention": True, "trace_logits": True},
-                         metadata=meta, tracepoints=TRACEPOINTS, capture=capture)
+                         metadata=meta, tracepoints=tracepoints(table), capture=capture)
     batch = L.llama_batch_init(max(widest, 1), 0, 1)
     chosen: List[int] = []
     try:
@@ -297,14 +550,19 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = 1
             batch.n_tokens = len(tokens)
-            nodes.values.clear()
+            nodes.reset()
             status = L.llama_decode(context, batch)
             L.llama_synchronize(context)
             if nodes.error is not None:
                 raise LlamaCppError(nodes.error)
             if status != 0:
                 raise LlamaCppError(f"llama_decode returned {status} at position {position}")
-            logits = _write_pass(writer, nodes.values, tokens, position, captures)
+            first = not chosen
+            logits, layers = _write_pass(writer, nodes, tokens, position, captures)
+            if first:
+                _warn_missing(nodes, architecture)
+                if check_stages:
+                    _check_stages(layers, architecture, table, residual_multiplier)
             chosen.append(int(np.argmax(logits)))
             position += len(tokens)
     finally:
@@ -315,34 +573,92 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
     return chosen
 
 
-def _write_pass(writer: TraceWriter, values: Dict[Tuple[str, int], np.ndarray], tokens: List[int],
-                position: int, captures: CaptureFilter) -> np.ndarray:
+def _warn_missing(nodes: _Nodes, architecture: str) -> None:
+    """One warning per node the table expects and the first graph run did not compute (with the
+    layers it is missing in)."""
+    table = nodes.table
+    layers = 1 + max((layer for (_, layer) in nodes.values), default=-1)
+    if (table.embeddings, -1) not in nodes.values:
+        warnings.warn(f"model_trace.llama_cpp: llama.cpp's {architecture!r} graph computed no {table.embeddings!r} "
+                      "node: layer 0 has no input stage", MissingNodeWarning, stacklevel=3)
+    for stage, candidates in table.stages_for(nodes.computed):
+        missing = [layer for layer in range(layers) if not any((c, layer) in nodes.values for c in candidates)]
+        if missing:
+            where = "any layer" if len(missing) == layers else f"layers {_ranges(missing)}"
+            names = " or ".join(repr(c) for c in candidates)
+            warnings.warn(f"model_trace.llama_cpp: llama.cpp's {architecture!r} graph computed no {names} node in "
+                          f"{where}: the stage {stage!r} is absent there", MissingNodeWarning, stacklevel=3)
+
+
+def _ranges(layers: List[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: List[List[int]] = []
+    for layer in layers:
+        if spans and layer == spans[-1][1] + 1:
+            spans[-1][1] = layer
+        else:
+            spans.append([layer, layer])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _check_stages(layers: Dict[int, Dict[str, np.ndarray]], architecture: str, table: NodeTable,
+                  residual_multiplier: Optional[str]) -> None:
+    """The stage check on the first pass's values: raises StageMapError on a failed identity."""
+    from .stage_check import StageMapError, check_layers
+
+    multiplier = float(residual_multiplier) if residual_multiplier is not None else 1.0
+    report = check_layers(layers, multiplier)
+    if report.failures:
+        raise StageMapError(report.failures, f"model_trace.llama_cpp (llama.cpp's {architecture!r} graph read with "
+                                             f"the {table.architecture!r} node table)")
+
+
+def _stage_values(nodes: _Nodes, key: Tuple[str, int], stage: str, n: int) -> np.ndarray:
+    """A node's values with the port's batch dimension: ``[1, seq, width]``, or for per-head
+    query/key norms ``[1, seq, heads, head_dim]`` (ggml's ``ne = [head_dim, heads, seq]``)."""
+    values = nodes.values[key]
+    if stage in ("q_norm", "k_norm") and nodes.table.qk_per_head:
+        return values.reshape(1, n, -1, nodes.sizes[key][0])
+    return values.reshape(1, n, -1)
+
+
+def _write_pass(writer: TraceWriter, nodes: _Nodes, tokens: List[int], position: int,
+                captures: CaptureFilter) -> Tuple[np.ndarray, Dict[int, Dict[str, np.ndarray]]]:
     """One graph run's nodes as a pass: each layer's stages, its attention over the positions
-    cached so far, and the last row's logits (returned). What ``captures`` selects is saved in
-    full, as the torch tracer decides it: a layer's input and output by its ``layer``
-    tracepoint (``llama_layer``), a stage by its ``tensor`` tracepoint (the stage's name)."""
+    cached so far, and the last row's logits. Returns those logits and each layer's stage values
+    (for the stage check). What ``captures`` selects is saved in full, as the torch tracer
+    decides it: a layer's input and output by its ``layer`` tracepoint (``llama_layer``), a stage
+    by its ``tensor`` tracepoint (the stage's name)."""
     n = len(tokens)
+    values, table = nodes.values, nodes.table
     layers = 1 + max((layer for (_, layer) in values), default=-1)
+    stages = table.stages_for(nodes.computed)
     pass_index = writer.begin_pass(position=position, tracepoint="forward", function="llama_decode", tokens=tokens)
 
     def wants(kind: str, name: str, layer: Optional[int]) -> bool:
         return captures.captures(Tracepoint(kind, name, function="llama_decode"), pass_index, layer)
 
-    previous = values.get((EMBEDDINGS, -1))
+    recorded: Dict[int, Dict[str, np.ndarray]] = {}
+    previous = values.get((table.embeddings, -1))
     for layer in range(layers):
         writer.begin_layer(layer, "llama_layer", f"blk.{layer}")
+        mine = recorded[layer] = {}
         if previous is not None:
-            writer.stage("input", previous.reshape(1, n, -1), wants_capture=wants("layer", "llama_layer", layer))
-        for kind, stage in STAGES.items():
-            if kind == "attn_out":
+            mine["input"] = previous.reshape(1, n, -1)
+            writer.stage("input", mine["input"], wants_capture=wants("layer", "llama_layer", layer))
+        attention_written = False
+        for stage, candidates in stages:
+            if not attention_written and stage not in ("attn_in", "q_norm", "k_norm"):
                 # The attention probabilities where llama.cpp computes them (as the port records
                 # them): between the attention's input and its output projection.
                 _write_attention(writer, values.get(("kq_soft_max", layer)), layer, n, position,
                                  wants("attention", "kq_soft_max", layer))
-            found = values.get((kind, layer))
-            if found is not None:
+                attention_written = True
+            key = next(((c, layer) for c in candidates if (c, layer) in values), None)
+            if key is not None:
+                mine[stage] = _stage_values(nodes, key, stage, n)
                 tracepoint = ("layer", "llama_layer") if stage == "output" else ("tensor", stage)
-                writer.stage(stage, found.reshape(1, n, -1), wants_capture=wants(*tracepoint, layer))
+                writer.stage(stage, mine[stage], wants_capture=wants(*tracepoint, layer))
         writer.end_layer()
         previous = values.get(("l_out", layer))
     logits = values.get((LOGITS, -1))
@@ -351,7 +667,7 @@ def _write_pass(writer: TraceWriter, values: Dict[Tuple[str, int], np.ndarray], 
     last = logits.reshape(n, -1)[-1:]
     writer.logits(last, layers, "logits", LOGITS, wants_capture=wants("logits", "logits", layers))
     writer.end_pass()
-    return last[0]
+    return last[0], recorded
 
 
 def _write_attention(writer: TraceWriter, probs: Optional[np.ndarray], layer: int, n: int, position: int,
@@ -399,6 +715,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp's threads (default 1)")
     parser.add_argument("--out", required=True, help="the trace file to write")
     parser.add_argument("--capture", help="tensors to save in full (the capture filter's syntax, e.g. pass=0)")
+    parser.add_argument("--node-table", metavar="ARCH",
+                        help="read the graph with the node table of another llama.cpp architecture "
+                             f"(one of {', '.join(sorted(TABLES))}); default: the GGUF's own")
+    parser.add_argument("--no-stage-check", action="store_true",
+                        help="do not check the first pass's stages against their identities")
     parser.add_argument("--verbose", action="store_true", help="show llama.cpp's own log lines")
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -410,7 +731,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             passes, greedy = [tokenize(args.model, args.prompt)], (args.max_tokens or 16) - 1
         started = time.monotonic()
         chosen = run(args.model, passes, args.out, greedy_passes=greedy, kv=args.kv, threads=args.threads,
-                     capture=args.capture, verbose=args.verbose)
+                     capture=args.capture, verbose=args.verbose, check_stages=not args.no_stage_check,
+                     node_table=args.node_table)
     except (LlamaCppError, ValueError, OSError) as error:
         print(f"model_trace.llama_cpp: {error}", file=sys.stderr)
         return 1
@@ -421,14 +743,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def tokenize(model_path: str, text: str) -> List[int]:
-    """``text``'s token ids in the GGUF's vocabulary (no BOS added: SmolLM2's tokenizer adds
-    none)."""
+    """``text``'s token ids in the GGUF's vocabulary, with the BOS token where the GGUF's
+    ``tokenizer.ggml.add_bos_token`` asks for it (Gemma's does; SmolLM2's does not)."""
     L = _llama_cpp()
     if not os.path.isfile(model_path):
         raise LlamaCppError(f"no GGUF file at {model_path}")
     _quiet(L, False)
     model = L.Llama(model_path, vocab_only=True, verbose=False)
-    return list(model.tokenize(text.encode(), add_bos=False, special=True))
+    # add_bos=True lets llama.cpp add the special tokens the vocabulary asks for, and no others.
+    return list(model.tokenize(text.encode(), add_bos=True, special=True))
 
 
 if __name__ == "__main__":

@@ -109,13 +109,50 @@ def test_ggml_layouts_read_row_major():
 
 
 def test_nodes_read_are_the_computed_stages_not_views_or_permuted_q_k():
-    assert llama_cpp.wanted_node("attn_out-12") == ("attn_out", 12)
-    assert llama_cpp.wanted_node("kq_soft_max-0") == ("kq_soft_max", 0)
-    assert llama_cpp.wanted_node("result_output") == ("result_output", -1)
-    assert llama_cpp.wanted_node("embd") == ("embd", -1)
+    llama = llama_cpp.TABLES["llama"]
+    assert llama_cpp.wanted_node("attn_out-12", llama) == ("attn_out", 12)
+    assert llama_cpp.wanted_node("kq_soft_max-0", llama) == ("kq_soft_max", 0)
+    assert llama_cpp.wanted_node("result_output", llama) == ("result_output", -1)
+    assert llama_cpp.wanted_node("embd", llama) == ("embd", -1)
+    assert llama_cpp.wanted_node("ffn_moe_out-4", llama) == ("ffn_moe_out", 4)  # Mixtral's mlp_out
     for name in ["Qcur-3", "Kcur-3", "kqv_out-3", "attn_out-3 (view)", "cache_k_l3 (view) (permuted)", "norm-3",
-                 "node_1073", "result_norm"]:
-        assert llama_cpp.wanted_node(name) is None, name
+                 "node_1073", "result_norm", "inp_scaled", "sa_out-3", "Qcur_normed-3"]:
+        assert llama_cpp.wanted_node(name, llama) is None, name
+
+
+def test_each_architecture_names_its_own_nodes():
+    gemma3, gemma2, olmo2 = (llama_cpp.TABLES[a] for a in ("gemma3", "gemma2", "olmo2"))
+    # Gemma's scaled embeddings are layer 0's input; the unscaled embd is not read.
+    assert llama_cpp.wanted_node("inp_scaled", gemma3) == ("inp_scaled", -1)
+    assert llama_cpp.wanted_node("embd", gemma3) is None
+    assert llama_cpp.wanted_node("Qcur_normed-7", gemma3) == ("Qcur_normed", 7)
+    assert llama_cpp.wanted_node("sa_out-7", gemma3) == ("sa_out", 7)
+    # Gemma 2 and OLMo 2 name ffn_post_norm without its layer: the layer of the node before it.
+    assert llama_cpp.wanted_node("ffn_post_norm", gemma2, layer_before=7) == ("ffn_post_norm", 7)
+    assert llama_cpp.wanted_node("ffn_post_norm", olmo2, layer_before=3) == ("ffn_post_norm", 3)
+    assert llama_cpp.wanted_node("ffn_post_norm", gemma3, layer_before=3) is None
+    # Stage order per table, and which stage each node gives.
+    assert [stage for stage, _ in gemma3.stages] == [
+        "attn_in", "q_norm", "k_norm", "attn_out", "attn_post_norm", "resid_mid", "mlp_in", "mlp_out",
+        "mlp_post_norm", "output"]
+    assert dict(gemma3.stages)["resid_mid"] == ("sa_out",)
+    assert dict(gemma3.stages)["attn_out"] == (llama_cpp.ATTN_PROJECTION,)
+    # Falcon's new architecture (ln_attn, ln_mlp): attn_norm is the MLP's norm there.
+    falcon = llama_cpp.TABLES["falcon"]
+    assert dict(falcon.stages_for({"attn_norm"}))["attn_in"] == ("attn_norm",)
+    assert dict(falcon.stages_for({"attn_norm", "attn_norm_2"}))["mlp_in"] == ("attn_norm",)
+    assert "resid_mid" not in dict(falcon.stages)  # parallel: no stream between the sub-blocks
+    assert set(llama_cpp.TABLES) == {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3",
+                                     "phi3", "olmo2", "granite", "starcoder2", "stablelm", "falcon", "gpt2"}
+
+
+def test_an_architecture_without_a_table_is_an_error_unless_one_is_borrowed():
+    with pytest.raises(llama_cpp.LlamaCppError, match=r"no node table for llama.cpp's architecture 'mamba'"):
+        llama_cpp.table_for("mamba")
+    with pytest.raises(llama_cpp.LlamaCppError, match=r"no llama.cpp node table 'mamba'; there are tables for"):
+        llama_cpp.table_for("llama", "mamba")
+    with pytest.warns(UserWarning, match=r"reading the 'smollm3' graph with the 'llama' node table"):
+        assert llama_cpp.table_for("smollm3", "llama") is llama_cpp.TABLES["llama"]
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path):
@@ -164,6 +201,8 @@ def test_llama_cpp_lines_up_with_the_port_pass_by_pass(smollm):
     port, llama = smollm / "port.ndjson", smollm / "llama-f16.ndjson"
     header, events = model_trace.read_trace(str(llama))
     assert header["metadata"]["extra"]["kv_cache"] == "f16"
+    assert header["metadata"]["extra"]["architecture"] == "llama"
+    assert header["metadata"]["extra"]["stage_check"] == "first pass"
     assert header["metadata"]["extra"]["flash_attention"] == "off"
     # It declares what it records, as capture patterns name it.
     assert {(t["kind"], t["name"]) for t in header["tracepoints"]} == {
