@@ -89,8 +89,9 @@ struct IdentityRow<'a> {
     identity: &'static str,
     /// Its general form: `resid_mid = input + r·A`.
     form: &'static str,
-    /// Layers that passed, failed, were skipped (by reason: `needs_captures`, `few_rows`,
-    /// `not_comparable`, `no_sketch`).
+    /// Layers that passed (`passed_post_norm` of them in the post-norm form), failed, were
+    /// skipped (by reason: `needs_captures`, `few_rows`, `not_comparable`, `no_sketch`,
+    /// `non_finite`).
     #[serde(flatten)]
     tally: &'a KindTally,
 }
@@ -141,11 +142,12 @@ impl<'a> Report<'a> {
             .map_or_else(String::new, |n| format!(", {n} rank files"));
         let _ = writeln!(
             out,
-            "{} {} ({}{ranks}): {} passes, {} layer records",
+            "{} {} ({}{ranks}): {} {}, {} layer records",
             colors.bold("trace:"),
             self.trace.path,
             self.trace.writer,
             self.passes,
+            if self.passes == 1 { "pass" } else { "passes" },
             self.layers
         );
         let multiplier = if self.residual_multiplier == 1.0 {
@@ -221,6 +223,21 @@ impl<'a> Report<'a> {
                 format!("{}: {}", row.identity, reasons.join(", "))
             })
             .collect();
+        let post_norm: Vec<String> = (self.identities.iter())
+            .filter(|row| row.tally.passed_post_norm > 0)
+            .map(|row| format!("{} {}", row.identity, row.tally.passed_post_norm))
+            .collect();
+        if !post_norm.is_empty() {
+            let _ = writeln!(
+                out,
+                "{}",
+                colors.dim(&format!(
+                    "passed in the post-norm form lhs ≈ norm(rhs) (a block with no norm stage \
+                     of its own, BERT's): {}",
+                    post_norm.join(", ")
+                ))
+            );
+        }
         if !skipped.is_empty() {
             let _ = writeln!(
                 out,

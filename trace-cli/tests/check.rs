@@ -369,6 +369,12 @@ fn every_layout_with_its_stages_named_right_passes() {
     let largest = &identity(&post, "R1")["largest_values_error"];
     assert_eq!(largest["identity"], "resid_mid ≈ norm(input + attn_out)");
     assert_eq!(identity(&post, "R1")["skipped"]["few_rows"], layers);
+    assert_eq!(identity(&post, "R1")["passed_post_norm"], layers);
+    let text_out = text(&run(&["check", path_str(&dir.join("PostNorm.ndjson"))]));
+    assert!(
+        text_out.contains("passed in the post-norm form lhs ≈ norm(rhs) (a block with no norm stage of its own, BERT's): R1 3, R2 3"),
+        "{text_out}"
+    );
 }
 
 #[test]

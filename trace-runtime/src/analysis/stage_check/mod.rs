@@ -646,6 +646,8 @@ pub struct Located {
 pub struct KindTally {
     /// Layers within tolerance.
     pub passed: usize,
+    /// Of those, layers that passed in the post-norm form `lhs ≈ norm(rhs)` (a post-norm block).
+    pub passed_post_norm: usize,
     /// Layers out of tolerance.
     pub failed: usize,
     /// Layers not decided, by reason (only reasons that occurred).
@@ -703,6 +705,10 @@ impl StageCheckTally {
         for result in check.results {
             let tally = self.identities.entry(result.identity.kind).or_default();
             match result.outcome {
+                Outcome::Passed if result.is_normalised() => {
+                    tally.passed += 1;
+                    tally.passed_post_norm += 1;
+                }
                 Outcome::Passed => tally.passed += 1,
                 Outcome::Failed => tally.failed += 1,
                 Outcome::Skipped(skip) => *tally.skipped.entry(skip).or_default() += 1,

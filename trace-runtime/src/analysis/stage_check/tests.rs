@@ -320,7 +320,7 @@ fn the_tally_counts_and_lists_failures() {
     assert_eq!(tally.layers, 2);
     assert!(!tally.passed());
     let r1 = &tally.identities[&IdentityKind::ResidMid];
-    assert_eq!((r1.passed, r1.failed), (1, 1));
+    assert_eq!((r1.passed, r1.failed, r1.passed_post_norm), (1, 1, 0));
     assert!(r1.largest_values_error.as_ref().unwrap().error < 1e-5);
     assert!(r1.largest_sketch_error.as_ref().unwrap().error > 0.1);
     let n1 = &tally.identities[&IdentityKind::AttnIn];
