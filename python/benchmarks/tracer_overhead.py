@@ -23,6 +23,10 @@ the table in python/README.md measured):
   traced steps of a round run inside one such block, and the report gives the median time of
   one step each way and, apart, what entering and leaving the block cost (hooks put on and
   taken off, the file opened, written and closed).
+* ``gemma3``, ``gemma3-decode``: the same two on Gemma 3 270M's real weights (18 blocks, width
+  640, logits 262,144 wide), the 6 tokens of "The capital of France is": the cached
+  transformers conversion of the GGUF (``python python/tests/gemma3_weights.py`` makes it;
+  skipped, with a message, where it is missing).
 
 All run eager attention (so the probabilities are recorded) under ``torch.no_grad()``, on
 ``--device`` (default the CPU) in ``--dtype`` (default float32); on a GPU every timed region
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import glob
 import json
 import os
 import platform
@@ -97,12 +102,34 @@ def smollm_shaped() -> Tuple[torch.nn.Module, Dict[str, Any]]:
     return model, {"input_ids": ids, "use_cache": False}
 
 
+#: The cached transformers conversion of Gemma 3 270M's GGUF (python/tests/gemma3_weights.py
+#: makes it: ``python python/tests/gemma3_weights.py``), keyed by the GGUF's hash.
+GEMMA3_GLOB = os.path.join(MODELS, "gemma3_270m", "transformers-*", "model.safetensors")
+#: "The capital of France is" in Gemma 3's vocabulary, BOS first.
+GEMMA3_IDS = [2, 818, 5279, 529, 7001, 563]
+
+
+def gemma3_dir() -> Optional[str]:
+    found = sorted(glob.glob(GEMMA3_GLOB))
+    return os.path.dirname(found[0]) if found else None
+
+
+def gemma3() -> Tuple[torch.nn.Module, Dict[str, Any]]:
+    """Gemma 3 270M (real weights, float32; logits 262,144 wide) and "The capital of France
+    is"'s 6 tokens."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma3_dir(), attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    return model, {"input_ids": torch.tensor([GEMMA3_IDS]), "use_cache": False}
+
+
 #: name -> (label, the model and its inputs, whether it decodes).
 CASES: Dict[str, Tuple[str, Build, bool]] = {
     "minilm": ("MiniLM, 7 tokens", minilm, False),
     "minilm-shaped": ("MiniLM-shaped (random weights), 7 tokens", minilm_shaped, False),
     "smollm": ("SmolLM2-shaped prefill, 16 tokens", smollm_shaped, False),
     "smollm-decode": ("SmolLM2-shaped decode step after 16 tokens", smollm_shaped, True),
+    "gemma3": ("Gemma 3 270M prefill, 6 tokens", gemma3, False),
+    "gemma3-decode": ("Gemma 3 270M decode step after 6 tokens", gemma3, True),
 }
 DEFAULT_CASES = "minilm,smollm"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -285,6 +312,10 @@ def main() -> None:
             if build is minilm and not os.path.isdir(MINILM_DIR):
                 print(f"{label}: skipped, no weights in {MINILM_DIR} (scripts/fetch-models)")
                 report["cases"][name] = {"label": label, "skipped": f"no weights in {MINILM_DIR}"}
+                continue
+            if build is gemma3 and gemma3_dir() is None:
+                print(f"{label}: skipped, no {GEMMA3_GLOB} (python python/tests/gemma3_weights.py converts it)")
+                report["cases"][name] = {"label": label, "skipped": f"no {GEMMA3_GLOB}"}
                 continue
             if decodes:
                 result = measure_decode(build, args.rounds, args.steps, path, device, dtype, synchronize, profiler)
