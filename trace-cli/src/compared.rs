@@ -1328,7 +1328,7 @@ fn describe(
             "{} pass {}, {} (layer 0, {}; seq {} of the reference)",
             colors.bad("first divergence:"),
             d.pass,
-            colors.bold("before the first layer (the embeddings)"),
+            colors.bold("before the first layer: the embeddings"),
             with_shard(d.stage, p.shard),
             d.seq
         );

@@ -609,7 +609,7 @@ fn diff_names_a_divergence_in_the_embeddings_before_the_first_layer() {
     let text_out = text(&run(&["diff", reference, port]));
     assert!(
         text_out.contains(
-            "first divergence: pass 0, before the first layer (the embeddings) (layer 0, input;"
+            "first divergence: pass 0, before the first layer: the embeddings (layer 0, input;"
         ),
         "{text_out}"
     );
