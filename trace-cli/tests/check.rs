@@ -640,6 +640,8 @@ fn diff_names_a_divergence_in_the_embeddings_before_the_first_layer() {
         text_out.contains("from the embeddings (before the first layer)"),
         "{text_out}"
     );
+    // The isolated run records the input it was fed: its stages obey the identities too.
+    assert!(!text_out.contains("stage check"), "{text_out}");
 
     // A divergence inside a layer is not before the first one.
     let bug = Model::with_fault(Layout::PreNorm, Fault::SwapResidMidMlpIn(1));
