@@ -22,7 +22,8 @@ import contextlib
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -180,6 +181,18 @@ def first_tensor(value: Any) -> Any:
     return value
 
 
+#: The stage maps that passed the check, per model (weakly keyed: a model's entry goes with it):
+#: the keys of :func:`_checked_key`. A later trace of the same model object with the same
+#: architecture skips the check, since a stage map is a property of the model's modules, not of
+#: its inputs; its header's ``stage_check`` says ``"passed earlier"``. A loop that traces one
+#: model many times (causal tracing, benchmarks) pays the check once.
+_PASSED: "weakref.WeakKeyDictionary[Any, Set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _checked_key(architecture: Architecture, residual_multiplier: float) -> str:
+    return f"{architecture!r} r={residual_multiplier!r}"
+
+
 @contextlib.contextmanager
 def trace(
     model: Any,
@@ -228,6 +241,9 @@ def trace(
     ...: :func:`model_trace.stage_check.check_layer`); a failure raises :class:`StageMapError`
     naming the layer, the stage, the identity and its error against the tolerance. The header's
     ``metadata.extra.stage_check`` says ``"first pass"`` (``"off"`` with ``check_stages=False``).
+    Once a model's map has passed, later traces of the same model object with the same
+    architecture do not check it again (``"passed earlier"``): the map belongs to the model's
+    modules, not to its inputs.
     Its cost, on the first pass only: a float32 copy of each stage on its device, read back to
     host memory when its layer ends (a wait for the device, once a layer), and the identities
     in numpy. The yielded writer's ``stage_check`` holds what it found
@@ -248,8 +264,7 @@ def trace(
     layers = _layers(architecture, modules)
     final_layer = max(index for index, _, _ in layers) + 1
     head = _output_head(model, modules, architecture)
-    extra: Dict[str, str] = {"architecture": architecture.name, "names": names,
-                             "stage_check": "first pass" if check_stages else "off"}
+    extra: Dict[str, str] = {"architecture": architecture.name, "names": names}
     for key in architecture.config_metadata:
         value = _config_value(config, key)
         if value is not None:
@@ -257,7 +272,12 @@ def trace(
     meta: Dict[str, Any] = {"extra": extra}
     for key, value in (metadata or {}).items():
         # A caller's extra keys join the tracer's (theirs win, but for whether the check runs).
-        meta[key] = {**extra, **value, "stage_check": extra["stage_check"]} if key == "extra" else value
+        meta[key] = {**extra, **value} if key == "extra" else value
+    multiplier = stage_check._multiplier(meta["extra"].get("residual_multiplier"))
+    checked_key = _checked_key(architecture, multiplier)
+    passed_earlier = check_stages and inference is None and checked_key in _PASSED.get(model, ())
+    check_stages = check_stages and not passed_earlier
+    meta["extra"]["stage_check"] = "passed earlier" if passed_earlier else "first pass" if check_stages else "off"
     recorded_logits = record_logits and (head is not None or architecture.logits is not None)
     run_config = {
         "trace_activations": True,
@@ -271,7 +291,6 @@ def trace(
     interventions = [f"stage=input replace({isolate})"] if isolate is not None else []
     writer = TraceWriter(path, config=run_config, metadata=meta, tracepoints=_tracepoints(model, layers, architecture),
                          capture=capture, digest=digest, interventions=interventions, isolate=isolate)
-    multiplier = stage_check._multiplier(meta["extra"].get("residual_multiplier"))
     run = _Run(writer, model, modules, layers, architecture, names, captures if capture else None,
                record_attention, replay, _FirstPassCheck(writer, multiplier) if check_stages else None)
     head_output: List[Any] = []
@@ -312,6 +331,12 @@ def trace(
     finally:
         run.remove()
         writer.close()
+    check = run.check
+    # Passed: every layer checked (pass 0 ran to its end) and nothing failed.
+    if check is not None and inference is None and check.outcomes \
+            and {outcome.layer for outcome in check.outcomes} >= {index for index, _, _ in layers} \
+            and all(outcome.passed for outcome in check.outcomes):
+        _PASSED.setdefault(model, set()).add(checked_key)
 
 
 def _position(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Union[int, Pending]:

@@ -80,6 +80,13 @@ def build(model_type, arguments, dtype=torch.float32):
     return model.eval()
 
 
+@pytest.fixture(autouse=True)
+def fresh_checks():
+    """Every test checks its maps afresh: a model whose map passed is not checked again in the
+    same process (the module-scoped models are shared between tests)."""
+    model_trace.torch._PASSED.clear()
+
+
 @pytest.fixture(scope="module")
 def models():
     return {name: build(model_type, arguments) for name, (model_type, arguments, _, _) in CASES.items()}
@@ -242,6 +249,29 @@ def test_the_check_runs_on_the_first_pass_only(models, tmp_path, monkeypatch):
     with torch.no_grad(), model_trace.torch.trace(models["llama"], str(tmp_path / "t.ndjson")):
         models["llama"].generate(torch.tensor(PROMPT), max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert calls == [0, 1]
+
+
+def test_a_model_whose_map_passed_is_not_checked_again_with_the_same_architecture(models, tmp_path):
+    calls = []
+    check_layer = stage_check.check_layer
+    model = models["llama"]
+    header, _, _, _ = traced(model, tmp_path / "a.ndjson")
+    assert header["metadata"]["extra"]["stage_check"] == "first pass"
+    # (patched after the first trace: the tracer looks check_layer up on each call)
+    import unittest.mock
+    with unittest.mock.patch.object(stage_check, "check_layer", lambda *a, **k: calls.append(a[1]) or check_layer(*a, **k)):
+        header, _, writer, _ = traced(model, tmp_path / "b.ndjson")
+        assert header["metadata"]["extra"]["stage_check"] == "passed earlier" and writer.stage_check is None
+        assert calls == []
+        # Another map of the same model is checked, and fails.
+        swapped = dict(families.LLAMA.stages)
+        swapped["attn_in"], swapped["mlp_in"] = swapped["mlp_in"], swapped["attn_in"]
+        with pytest.raises(model_trace.torch.StageMapError):
+            traced(model, tmp_path / "c.ndjson", architecture=dataclasses.replace(families.LLAMA, stages=swapped))
+        assert calls == [0]
+    # A map that failed is never remembered as passed; another model object is checked afresh.
+    header, _, _, _ = traced(models["mistral"], tmp_path / "d.ndjson")
+    assert header["metadata"]["extra"]["stage_check"] == "first pass"
 
 
 def test_the_check_on_a_trace_file_s_captured_values(models, tmp_path):
