@@ -722,7 +722,8 @@ class _Inference:
         _rewrite_header(run.writer, architecture, _tracepoints(run.model, run.layers, architecture))
         warnings.warn(f"model_trace.torch: blocks of class {architecture.layer_class} are of no known family; the "
                       f"stages inferred from the first pass (they satisfy the stage check on layer {index}) are, to "
-                      f"pass as architecture=:\n{families.architecture_source(architecture)}", stacklevel=2)
+                      f"pass as architecture= (from model_trace.families import Architecture):\n"
+                      f"{families.architecture_source(architecture)}", stacklevel=2)
         return architecture
 
 
