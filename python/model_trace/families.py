@@ -95,16 +95,20 @@ PRE_NORM_STAGES: Dict[str, StageSource] = {
     "mlp_out": ("mlp", "output"),
 }
 
+def _with_qk_norms(stages: Mapping[str, StageSource], *layout: str) -> Dict[str, StageSource]:
+    """``stages`` with the attention's query/key norms (``self_attn.q_norm``/``k_norm``) right
+    after ``attn_in``, as they run; ``layout`` as in :data:`StageSource`."""
+    with_norms: Dict[str, StageSource] = {}
+    for stage, source in stages.items():
+        with_norms[stage] = source
+        if stage == "attn_in":
+            with_norms["q_norm"] = ("self_attn.q_norm", "output", *layout)
+            with_norms["k_norm"] = ("self_attn.k_norm", "output", *layout)
+    return with_norms
+
+
 #: The same with per-head query/key norms before RoPE (Qwen 3), seen as [batch, seq, heads, head_dim].
-PRE_NORM_QK_STAGES: Dict[str, StageSource] = {
-    "attn_in": ("input_layernorm", "output"),
-    "q_norm": ("self_attn.q_norm", "output"),
-    "k_norm": ("self_attn.k_norm", "output"),
-    "attn_out": ("self_attn", "output"),
-    "resid_mid": ("post_attention_layernorm", "input"),
-    "mlp_in": ("post_attention_layernorm", "output"),
-    "mlp_out": ("mlp", "output"),
-}
+PRE_NORM_QK_STAGES = _with_qk_norms(PRE_NORM_STAGES)
 
 #: Gemma 2's sandwich norms: ``post_attention_layernorm`` is the attention's post-norm, before
 #: the residual add; ``pre_feedforward_layernorm`` the MLP's input norm.
@@ -150,17 +154,7 @@ GEMMA2 = _llama_like("gemma2", "Gemma2DecoderLayer", SANDWICH_STAGES)
 #: Gemma 3 (Gemma3ForCausalLM, and the language model of Gemma3ForConditionalGeneration: the
 #: vision tower's SiglipEncoderLayer blocks are not of this class): sandwich norms, per-head
 #: q/k norms applied after the heads are moved first.
-GEMMA3 = _llama_like("gemma3", "Gemma3DecoderLayer", {
-    "attn_in": ("input_layernorm", "output"),
-    "q_norm": ("self_attn.q_norm", "output", HEADS_FIRST),
-    "k_norm": ("self_attn.k_norm", "output", HEADS_FIRST),
-    "attn_out": ("self_attn", "output"),
-    "attn_post_norm": ("post_attention_layernorm", "output"),
-    "resid_mid": ("pre_feedforward_layernorm", "input"),
-    "mlp_in": ("pre_feedforward_layernorm", "output"),
-    "mlp_out": ("mlp", "output"),
-    "mlp_post_norm": ("post_feedforward_layernorm", "output"),
-})
+GEMMA3 = _llama_like("gemma3", "Gemma3DecoderLayer", _with_qk_norms(SANDWICH_STAGES, HEADS_FIRST))
 #: OLMo 2: no pre-norms; post-norms on both branches; q/k norms over the whole projection
 #: ([batch, seq, heads*head_dim]); the residual between the branches is the MLP's input.
 OLMO2 = _llama_like("olmo2", "Olmo2DecoderLayer", {
