@@ -7,6 +7,7 @@ pub mod bugs;
 pub mod causal;
 pub mod error;
 pub mod generate;
+#[path = "../../shared/gguf.rs"]
 pub mod gguf;
 pub mod model;
 pub mod pipeline;

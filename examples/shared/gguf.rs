@@ -1,4 +1,5 @@
-//! Typed access to a GGUF file: metadata with errors that name the key, tensors by name.
+//! Typed access to a GGUF file: metadata with errors that name the key, tensors by name. Shared by
+//! the GGUF examples (`#[path]`); each has an `error` module with `Error::{Weights, Gguf}`.
 
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -91,6 +92,27 @@ impl Gguf {
                 })
                 .collect(),
             other => Err(Error::Gguf(format!("{key} is {other:?}, not an array"))),
+        }
+    }
+
+    pub fn floats(&self, key: &str) -> Result<Vec<f32>> {
+        match self.value(key)? {
+            Value::Array(items) => items
+                .iter()
+                .map(|item| match *item {
+                    Value::F32(x) => Ok(x),
+                    Value::F64(x) => Ok(x as f32),
+                    ref other => Err(Error::Gguf(format!("{key} holds {other:?}, not a float"))),
+                })
+                .collect(),
+            other => Err(Error::Gguf(format!("{key} is {other:?}, not an array"))),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        match *self.value(key)? {
+            Value::Bool(x) => Ok(x),
+            ref other => Err(Error::Gguf(format!("{key} is {other:?}, not a boolean"))),
         }
     }
 

@@ -1,0 +1,757 @@
+//! Gemma 3 (text) on candle, from a GGUF with K-quants, written so that every value model-trace
+//! annotates has a function or a `let` of its own:
+//!
+//! | annotation | site |
+//! |------------|------|
+//! | `#[trace_model(position = position, tokens = tokens)]` | [`Model::forward`]: the pass, with the token ids it runs |
+//! | `#[trace_layer(index = self.index)]` | [`Block::forward`]; layer 0's input is the scaled embeddings |
+//! | `trace_tensor!("attn_in" / "attn_out" / "attn_post_norm" / "resid_mid" / "mlp_in" / "mlp_out" / "mlp_post_norm")` | the `let`s of the same names in [`Block::forward`] |
+//! | `trace_tensor!("q_norm" / "k_norm")` | [`Attention::forward`]: per head, `[batch, seq, heads, head_dim]` |
+//! | `#[trace_attention]` | [`Attention::attention_probs`] |
+//! | `#[trace_logits]` | [`OutputHead::logits`] |
+//! | `trace_logits_value!(&lens, layer = i)` (logit lens) | `lens` in [`Model::forward`] |
+//! | `#[trace_quant(reference = Self::forward_f32, quant = ..)]` | one site per type the file holds: Q4_K, Q5_0, Q6_K, Q8_0 |
+//!
+//! The block, as transformers' `Gemma3DecoderLayer` computes it:
+//!
+//! ```text
+//! attn_in  = norm(x)                      resid_mid = x + attn_post_norm
+//! attn_out = o(attention(attn_in))        mlp_in    = norm(resid_mid)
+//! attn_post_norm = norm(attn_out)         mlp_out   = down(gelu_tanh(gate(mlp_in)) · up(mlp_in))
+//!                                         output    = resid_mid + norm(mlp_out)
+//! ```
+//!
+//! What differs from a Llama block, each a known porting bug ([`crate::bugs`]): the norms'
+//! weights hold Gemma's `1 + w` already (the GGUF converter folds the `+1` in; transformers'
+//! weights do not); the embeddings are scaled by `√hidden`; queries and keys are RMS-normed per
+//! head before RoPE; five layers in six attend through a 512-key sliding window with RoPE base
+//! 10,000, the sixth globally with the GGUF's base; the MLP's GELU is the tanh approximation;
+//! RoPE rotates the two halves of each head (no permuted weights, unlike llama's GGUFs).
+//!
+//! Built without the `trace` feature the annotations are compiled out. Activations are f32 on
+//! the CPU; the matmul weights stay quantized.
+
+use crate::bugs::{self, Bug};
+use crate::config::Config;
+use crate::error::{Error, Result as LoadResult};
+use crate::gguf::Gguf;
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use model_trace::{
+    trace_attention, trace_layer, trace_logits, trace_logits_value, trace_model, trace_quant,
+    trace_tensor,
+};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// A matmul whose weight stays in its GGUF quantization, with the same matmul on the dequantized
+/// weight as the reference the quantization error is measured against.
+pub struct QuantLinear {
+    name: String,
+    weight: Arc<QTensor>,
+    matmul: QMatMul,
+    /// Filled on the first `forward_f32`, so untraced runs never pay for the f32 copy.
+    dequantized: OnceLock<Tensor>,
+}
+
+impl QuantLinear {
+    pub fn new(name: impl Into<String>, weight: Arc<QTensor>) -> Result<Self> {
+        let matmul = QMatMul::from_arc(weight.clone())?;
+        Ok(Self {
+            name: name.into(),
+            weight,
+            matmul,
+            dequantized: OnceLock::new(),
+        })
+    }
+
+    /// `x @ Wᵀ` with the quantized kernel: `[.., in] -> [.., out]`.
+    ///
+    /// Dispatched by format because `#[trace_quant]` takes the format at compile time: each
+    /// format of Gemma 3 270M's Q4_K_M file has a site of its own, so that its records carry the
+    /// right label; any other format runs unrecorded rather than mislabelled.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self.weight.dtype() {
+            GgmlDType::Q4K => self.forward_q4_k(x),
+            GgmlDType::Q5_0 => self.forward_q5_0(x),
+            GgmlDType::Q6K => self.forward_q6_k(x),
+            GgmlDType::Q8_0 => self.forward_q8_0(x),
+            _ => self.matmul.forward(x),
+        }
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q4_K, name = "q4_k_matmul")]
+    fn forward_q4_k(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q5_0, name = "q5_0_matmul")]
+    fn forward_q5_0(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q6_K, name = "q6_k_matmul")]
+    fn forward_q6_k(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    #[trace_quant(reference = Self::forward_f32, quant = Q8_0, name = "q8_0_matmul")]
+    fn forward_q8_0(&self, x: &Tensor) -> Result<Tensor> {
+        self.matmul.forward(x)
+    }
+
+    /// `x @ Wᵀ` against the dequantized f32 weight, same shapes as [`QuantLinear::forward`].
+    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        let weight = match self.dequantized.get() {
+            Some(weight) => weight,
+            None => {
+                let weight = self.weight.dequantize(&self.weight.device())?;
+                // A concurrent caller may have won the race; either copy is the same.
+                self.dequantized.get_or_init(|| weight)
+            }
+        };
+        x.broadcast_matmul(&weight.t()?)
+    }
+
+    /// The GGUF tensor name, e.g. `blk.3.attn_q.weight`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ggml_dtype(&self) -> GgmlDType {
+        self.weight.dtype()
+    }
+}
+
+/// Gemma's RMS norm, `x / rms(x) · (1 + w)`, over the last dimension. The GGUF stores `1 + w`.
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(gguf: &mut Gguf, name: &str, width: usize, eps: f32) -> LoadResult<Self> {
+        let weight = gguf.qtensor(name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
+        if weight.dims() != [width] {
+            return Err(Error::Gguf(format!(
+                "{name} has shape {:?}, expected [{width}]",
+                weight.dims()
+            )));
+        }
+        Ok(Self {
+            weight,
+            eps: f64::from(eps),
+        })
+    }
+
+    /// The norm of `x` in `layer`, where the offset bugs may be injected.
+    pub fn forward(&self, x: &Tensor, layer: usize) -> Result<Tensor> {
+        let weight = if bugs::injected_at(Bug::NormOffsetTwice, layer) {
+            self.weight.affine(1.0, 1.0)?
+        } else if bugs::injected_at(Bug::NormOffsetMissing, layer) {
+            self.weight.affine(1.0, -1.0)?
+        } else {
+            self.weight.clone()
+        };
+        candle_nn::ops::rms_norm(&x.contiguous()?, &weight, self.eps as f32)
+    }
+}
+
+/// The rotation tables of one RoPE base, for every position of the context.
+struct RopeTables {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RopeTables {
+    /// `cos` and `sin` `[context, head_dim / 2]` of base `theta`, positions divided by `scaling`.
+    fn new(
+        theta: f32,
+        scaling: f32,
+        head_dim: usize,
+        context: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32) / scaling)
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let positions = Tensor::arange(0u32, context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((context, 1))?;
+        let angles = positions.matmul(&inv_freq)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+        })
+    }
+}
+
+/// Rotary embeddings: the global layers' tables and the sliding-window layers', shared by all
+/// layers.
+pub struct Rotary {
+    global: RopeTables,
+    local: RopeTables,
+}
+
+impl Rotary {
+    pub fn new(config: &Config, device: &Device) -> Result<Self> {
+        let tables = |theta, scaling| {
+            RopeTables::new(
+                theta,
+                scaling,
+                config.head_dim,
+                config.context_length,
+                device,
+            )
+        };
+        Ok(Self {
+            global: tables(config.rope_theta, config.rope_scaling)?,
+            local: tables(crate::config::LOCAL_ROPE_THETA, 1.0)?,
+        })
+    }
+
+    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`: the two
+    /// halves of each head are the rotation's pairs (`rope`, not `rope_i`).
+    fn apply(&self, x: &Tensor, position: usize, global: bool) -> Result<Tensor> {
+        let tables = if global { &self.global } else { &self.local };
+        let seq_len = x.dim(2)?;
+        let cos = tables.cos.narrow(0, position, seq_len)?;
+        let sin = tables.sin.narrow(0, position, seq_len)?;
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
+    }
+}
+
+/// One layer's keys and values, `[batch, kv_heads, len, head_dim]`, every position kept (the
+/// sliding window is the mask's business).
+pub struct KvCache {
+    keys: Option<Tensor>,
+    values: Option<Tensor>,
+    max_len: usize,
+}
+
+impl KvCache {
+    pub fn new(max_len: usize) -> Self {
+        Self {
+            keys: None,
+            values: None,
+            max_len,
+        }
+    }
+
+    /// Appends `k`, `v` (`[batch, kv_heads, new, head_dim]`) and returns every cached position,
+    /// the new ones included.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (keys, values) = match (&self.keys, &self.values) {
+            (Some(keys), Some(values)) => (
+                Tensor::cat(&[keys, k], 2)?.contiguous()?,
+                Tensor::cat(&[values, v], 2)?.contiguous()?,
+            ),
+            _ => (k.contiguous()?, v.contiguous()?),
+        };
+        if keys.dim(2)? > self.max_len {
+            candle_core::bail!(
+                "KV cache full: {} positions exceed the context of {}",
+                keys.dim(2)?,
+                self.max_len
+            );
+        }
+        self.keys = Some(keys.clone());
+        self.values = Some(values.clone());
+        Ok((keys, values))
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.keys
+            .as_ref()
+            .map_or(0, |k| k.dim(2).unwrap_or_default())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.keys = None;
+        self.values = None;
+    }
+}
+
+pub struct Attention {
+    /// The block it belongs to (for its window and the bug switches).
+    index: usize,
+    q: QuantLinear,
+    k: QuantLinear,
+    v: QuantLinear,
+    o: QuantLinear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    /// Whether this layer attends globally (else through the sliding window).
+    global: bool,
+    sliding_window: usize,
+    scale: f64,
+    rotary: Arc<Rotary>,
+}
+
+impl Attention {
+    /// `x: [batch, seq, hidden]` whose first row is at `position` -> `[batch, seq, heads ·
+    /// head_dim]` projected back to `hidden`.
+    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let (batch, seq_len, _) = x.dims3()?;
+        let q = self
+            .q
+            .forward(x)?
+            .reshape((batch, seq_len, self.num_heads, self.head_dim))?;
+        let k = self
+            .k
+            .forward(x)?
+            .reshape((batch, seq_len, self.num_kv_heads, self.head_dim))?;
+        let v = self
+            .v
+            .forward(x)?
+            .reshape((batch, seq_len, self.num_kv_heads, self.head_dim))?
+            .transpose(1, 2)?;
+        let (q_norm, k_norm) = if bugs::injected_at(Bug::QkNormSkipped, self.index) {
+            (q, k)
+        } else {
+            (
+                self.q_norm.forward(&q, self.index)?,
+                self.k_norm.forward(&k, self.index)?,
+            )
+        };
+        trace_tensor!("q_norm", &q_norm);
+        trace_tensor!("k_norm", &k_norm);
+        let global_rope = self.global || bugs::injected_at(Bug::RopeBaseGlobal, self.index);
+        let q = self
+            .rotary
+            .apply(&q_norm.transpose(1, 2)?, position, global_rope)?;
+        let k = self
+            .rotary
+            .apply(&k_norm.transpose(1, 2)?, position, global_rope)?;
+        let (k, v) = cache.append(&k, &v)?;
+
+        let probs = self.attention_probs(&q, &k, position)?;
+        // Query heads that share a KV head are stacked along the row axis, so that one batched
+        // matmul serves the group without copying K/V once per query head.
+        let group = self.num_heads / self.num_kv_heads;
+        let k_len = k.dim(2)?;
+        let grouped = probs.reshape((batch, self.num_kv_heads, group * seq_len, k_len))?;
+        let out = grouped
+            .matmul(&v)?
+            .reshape((batch, self.num_heads, seq_len, self.head_dim))?
+            .transpose(1, 2)?
+            .reshape((batch, seq_len, self.num_heads * self.head_dim))?;
+        self.o.forward(&out)
+    }
+
+    /// Softmax attention probabilities `[batch, heads, q_len, k_len]` of the rotated queries
+    /// `q: [batch, heads, q_len, head_dim]` over the cached keys `k: [batch, kv_heads, k_len,
+    /// head_dim]`: causal, and in a sliding-window layer limited to the window's last keys.
+    #[trace_attention]
+    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, position: usize) -> Result<Tensor> {
+        let (batch, _, q_len, head_dim) = q.dims4()?;
+        let k_len = k.dim(2)?;
+        let group = self.num_heads / self.num_kv_heads;
+        // Query head h reads KV head h / group, as in transformers' `repeat_kv`.
+        let q = q.reshape((batch, self.num_kv_heads, group * q_len, head_dim))?;
+        let scores =
+            (q.matmul(&k.t()?)? * self.scale)?.reshape((batch, self.num_heads, q_len, k_len))?;
+        let window = match self.global {
+            true => None,
+            false if bugs::injected_at(Bug::WindowOneTooWide, self.index) => {
+                Some(self.sliding_window + 1)
+            }
+            false => Some(self.sliding_window),
+        };
+        let scores = match mask(q_len, position, k_len, window, q.device())? {
+            Some(mask) => scores.broadcast_add(&mask)?,
+            None => scores,
+        };
+        candle_nn::ops::softmax_last_dim(&scores)
+    }
+}
+
+/// `[q_len, k_len]`: 0 where query `position + i` may see key `j` (not in its future and, with
+/// a `window`, fewer than `window` positions back), -inf elsewhere; `None` when it sees every key.
+fn mask(
+    q_len: usize,
+    position: usize,
+    k_len: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let visible = |i: usize, j: usize| {
+        let query = position + i;
+        j <= query && window.is_none_or(|w| query - j < w)
+    };
+    let all_visible = (0..q_len).all(|i| (0..k_len).all(|j| visible(i, j)));
+    if all_visible {
+        return Ok(None);
+    }
+    let mask: Vec<f32> = (0..q_len)
+        .flat_map(|i| {
+            (0..k_len).map(move |j| {
+                if visible(i, j) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (q_len, k_len), device).map(Some)
+}
+
+pub struct Mlp {
+    /// The block it belongs to (for the bug switch).
+    index: usize,
+    gate: QuantLinear,
+    up: QuantLinear,
+    down: QuantLinear,
+}
+
+impl Mlp {
+    /// GeGLU: `down(gelu_tanh(gate(x)) · up(x))`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(x)?;
+        let gate = if bugs::injected_at(Bug::GeluExact, self.index) {
+            gate.gelu_erf()?
+        } else {
+            // candle's `gelu` is the tanh approximation (transformers' `gelu_pytorch_tanh`).
+            gate.gelu()?
+        };
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+pub struct Block {
+    /// The block's place in the model, 0 for the first: its layer index in traces.
+    index: usize,
+    attn_norm: RmsNorm,
+    attn: Attention,
+    attn_post_norm: RmsNorm,
+    mlp_norm: RmsNorm,
+    mlp: Mlp,
+    mlp_post_norm: RmsNorm,
+}
+
+impl Block {
+    /// One Gemma 3 block over `x: [batch, seq, hidden]` whose first row is at `position`;
+    /// returns the residual stream after the block. Its stages are the `let`s of the same
+    /// names (the meanings of `model_trace::Stage`), and `q_norm`, `k_norm` in the attention.
+    #[trace_layer(index = self.index)]
+    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let attn_in = self.attn_norm.forward(x, self.index)?;
+        trace_tensor!("attn_in", &attn_in);
+        let attn_out = self.attn.forward(&attn_in, position, cache)?;
+        trace_tensor!("attn_out", &attn_out);
+        let attn_post_norm = self.attn_post_norm.forward(&attn_out, self.index)?;
+        trace_tensor!("attn_post_norm", &attn_post_norm);
+        let resid_mid = (x + &attn_post_norm)?;
+        trace_tensor!("resid_mid", &resid_mid);
+        let mlp_in = self.mlp_norm.forward(&resid_mid, self.index)?;
+        trace_tensor!("mlp_in", &mlp_in);
+        let mlp_out = self.mlp.forward(&mlp_in)?;
+        trace_tensor!("mlp_out", &mlp_out);
+        let mlp_post_norm = self.mlp_post_norm.forward(&mlp_out, self.index)?;
+        trace_tensor!("mlp_post_norm", &mlp_post_norm);
+        &resid_mid + &mlp_post_norm
+    }
+
+    /// The block's place in the model, 0 for the first.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Whether the block attends globally (else through the sliding window).
+    pub fn is_global(&self) -> bool {
+        self.attn.global
+    }
+}
+
+/// The final norm and the output head (tied to the token embeddings).
+pub struct OutputHead {
+    /// The layer index of the final norm for the bug switches: one past the last block.
+    index: usize,
+    norm: RmsNorm,
+    head: QuantLinear,
+}
+
+impl OutputHead {
+    /// `hidden: [batch, hidden] -> [batch, vocab]`. Recorded as the layer one past the highest
+    /// layer index of the pass (18 after Gemma 3 270M's 18 blocks).
+    #[trace_logits]
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.project(hidden)
+    }
+
+    /// What [`OutputHead::logits`] computes, without being the final head: the logit lens reads
+    /// every layer through it.
+    fn project(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.norm.forward(hidden, self.index)?)
+    }
+}
+
+pub struct Model {
+    config: Config,
+    /// The token embeddings, quantized (Q8_0 in 270M's file): rows are dequantized as looked up.
+    embeddings: Arc<QTensor>,
+    blocks: Vec<Block>,
+    caches: Vec<KvCache>,
+    output: OutputHead,
+    /// When on, each block's output at the last position also goes through the final norm and
+    /// the head (the logit lens). Off by default: it costs one head matmul per layer.
+    pub logit_lens: bool,
+    lens: Vec<Tensor>,
+}
+
+impl Model {
+    /// Loads the model from a GGUF file onto the CPU.
+    pub fn load(path: &Path) -> LoadResult<Self> {
+        let mut gguf = Gguf::open(path)?;
+        Self::from_gguf(&mut gguf)
+    }
+
+    pub fn from_gguf(gguf: &mut Gguf) -> LoadResult<Self> {
+        let device = Device::Cpu;
+        let config = Config::from_gguf(gguf)?;
+        let rotary = Arc::new(Rotary::new(&config, &device)?);
+        let eps = config.rms_norm_eps;
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let mut linear = |name: &str| -> LoadResult<QuantLinear> {
+                let name = format!("blk.{i}.{name}.weight");
+                let weight = Arc::new(gguf.qtensor(&name, &device)?);
+                Ok(QuantLinear::new(name, weight)?)
+            };
+            let attn = Attention {
+                index: i,
+                q: linear("attn_q")?,
+                k: linear("attn_k")?,
+                v: linear("attn_v")?,
+                o: linear("attn_output")?,
+                q_norm: RmsNorm::load(
+                    gguf,
+                    &format!("blk.{i}.attn_q_norm.weight"),
+                    config.head_dim,
+                    eps,
+                )?,
+                k_norm: RmsNorm::load(
+                    gguf,
+                    &format!("blk.{i}.attn_k_norm.weight"),
+                    config.head_dim,
+                    eps,
+                )?,
+                num_heads: config.num_heads,
+                num_kv_heads: config.num_kv_heads,
+                head_dim: config.head_dim,
+                global: config.is_global(i),
+                sliding_window: config.sliding_window,
+                scale: config.attention_scale(),
+                rotary: rotary.clone(),
+            };
+            let mut linear = |name: &str| -> LoadResult<QuantLinear> {
+                let name = format!("blk.{i}.{name}.weight");
+                let weight = Arc::new(gguf.qtensor(&name, &device)?);
+                Ok(QuantLinear::new(name, weight)?)
+            };
+            let mlp = Mlp {
+                index: i,
+                gate: linear("ffn_gate")?,
+                up: linear("ffn_up")?,
+                down: linear("ffn_down")?,
+            };
+            let mut norm = |name: &str| {
+                RmsNorm::load(
+                    gguf,
+                    &format!("blk.{i}.{name}.weight"),
+                    config.hidden_size,
+                    eps,
+                )
+            };
+            blocks.push(Block {
+                index: i,
+                attn_norm: norm("attn_norm")?,
+                attn,
+                attn_post_norm: norm("post_attention_norm")?,
+                mlp_norm: norm("ffn_norm")?,
+                mlp,
+                mlp_post_norm: norm("post_ffw_norm")?,
+            });
+        }
+        let embeddings = Arc::new(gguf.qtensor("token_embd.weight", &device)?);
+        let head = if gguf.has_tensor("output.weight") {
+            let weight = Arc::new(gguf.qtensor("output.weight", &device)?);
+            QuantLinear::new("output.weight", weight)?
+        } else {
+            QuantLinear::new("token_embd.weight", embeddings.clone())?
+        };
+        let norm = RmsNorm::load(gguf, "output_norm.weight", config.hidden_size, eps)?;
+        let caches = (0..config.num_layers)
+            .map(|_| KvCache::new(config.context_length))
+            .collect();
+        Ok(Self {
+            output: OutputHead {
+                index: config.num_layers,
+                norm,
+                head,
+            },
+            config,
+            embeddings,
+            blocks,
+            caches,
+            logit_lens: false,
+            lens: Vec::new(),
+        })
+    }
+
+    /// Runs `tokens`, the sequence's tokens from `position` on, and returns the logits `[vocab]`
+    /// for the token after the last one.
+    ///
+    /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
+    /// must equal the number of positions already cached.
+    #[trace_model(position = position, tokens = tokens)]
+    pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        if position == 0 {
+            self.caches.iter_mut().for_each(KvCache::clear);
+        }
+        let cached = self.caches.first().map_or(0, KvCache::len);
+        if cached != position {
+            candle_core::bail!("forward at position {position}, but {cached} positions are cached");
+        }
+        let mut x = self.embed(tokens)?;
+        self.lens.clear();
+        for i in 0..self.blocks.len() {
+            x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
+            if self.logit_lens {
+                // Block i's output read as a prediction. Not `logits`: that is the final head's
+                // own tracepoint, recorded as the layer after the last block.
+                let lens = self.output.project(&last_position(&x)?)?;
+                trace_logits_value!(&lens, layer = i);
+                self.lens.push(lens);
+            }
+        }
+        self.output.logits(&last_position(&x)?)?.squeeze(0)
+    }
+
+    /// The embeddings of `tokens` as the first block reads them, `[1, tokens, hidden]`: the rows
+    /// of the token embeddings scaled by `√hidden`.
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        if tokens.is_empty() {
+            candle_core::bail!("forward needs at least one token");
+        }
+        let ids = Tensor::new(tokens, &Device::Cpu)?;
+        let rows = self.embeddings.embedding(&ids)?.unsqueeze(0)?;
+        if bugs::injected(Bug::EmbeddingUnscaled) {
+            return Ok(rows);
+        }
+        rows * f64::from(self.config.embedding_scale())
+    }
+
+    /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty unless
+    /// `logit_lens` was on.
+    pub fn lens_logits(&self) -> Result<Vec<Tensor>> {
+        self.lens.iter().map(|l| l.squeeze(0)).collect()
+    }
+
+    pub fn clear_cache(&mut self) {
+        self.caches.iter_mut().for_each(KvCache::clear);
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Every quantized matmul, in execution order within a block, the head last.
+    pub fn quant_linears(&self) -> Vec<&QuantLinear> {
+        let mut all: Vec<&QuantLinear> = Vec::with_capacity(self.blocks.len() * 7 + 1);
+        for block in &self.blocks {
+            let (attn, mlp) = (&block.attn, &block.mlp);
+            all.extend([
+                &attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down,
+            ]);
+        }
+        all.push(&self.output.head);
+        all
+    }
+}
+
+/// `[batch, seq, hidden] -> [batch, hidden]` at the last position.
+fn last_position(x: &Tensor) -> Result<Tensor> {
+    let seq_len = x.dim(1)?;
+    x.i((.., seq_len - 1, ..))?.contiguous()
+}
+
+/// Index of the largest logit; the first one on ties.
+pub fn argmax(logits: &Tensor) -> Result<u32> {
+    let values = logits
+        .flatten_all()?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    let mut best = 0usize;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    Ok(best as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visible(mask: &Tensor) -> Vec<Vec<bool>> {
+        mask.to_vec2::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|row| row.into_iter().map(|v| v == 0.0).collect())
+            .collect()
+    }
+
+    #[test]
+    fn the_mask_is_causal_and_a_window_hides_keys_that_far_back() {
+        let cpu = &Device::Cpu;
+        // Three queries at positions 2, 3, 4 over keys 0..5.
+        let causal = mask(3, 2, 5, None, cpu).unwrap().unwrap();
+        assert_eq!(
+            visible(&causal),
+            [
+                [true, true, true, false, false],
+                [true, true, true, true, false],
+                [true, true, true, true, true],
+            ]
+        );
+        let window = mask(3, 2, 5, Some(2), cpu).unwrap().unwrap();
+        assert_eq!(
+            visible(&window),
+            [
+                [false, true, true, false, false],
+                [false, false, true, true, false],
+                [false, false, false, true, true],
+            ]
+        );
+    }
+
+    #[test]
+    fn no_mask_where_every_key_is_visible() {
+        let cpu = &Device::Cpu;
+        // A decode step sees every cached key, unless the window is shorter than the cache.
+        assert!(mask(1, 7, 8, None, cpu).unwrap().is_none());
+        assert!(mask(1, 7, 8, Some(8), cpu).unwrap().is_none());
+        let window = mask(1, 7, 8, Some(7), cpu).unwrap().unwrap();
+        assert_eq!(
+            visible(&window),
+            [[false, true, true, true, true, true, true, true]]
+        );
+    }
+}

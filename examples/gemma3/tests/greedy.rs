@@ -1,0 +1,136 @@
+//! The port on the real Gemma 3 270M weights: the tokenizer and greedy decoding give
+//! transformers' ids, and, traced, every pass records Gemma 3's stages and every quantized
+//! matmul under its own format. Missing weights fail the tests (never skip): run
+//! `scripts/fetch-models`.
+
+use gemma3::generate::{greedy, load};
+use gemma3::{GgufTokenizer, Model};
+use std::sync::Mutex;
+
+const PROMPT: &str = "The capital of France is";
+/// transformers' `Gemma3ForCausalLM` on the same GGUF (`python/tests/gemma3_weights.py`, which
+/// a Python test checks against transformers' own tokenizer and `generate`): the prompt's ids,
+/// BOS first, and the 8 tokens greedy decoding chooses (" the capital of the country of
+/// France.").
+const PROMPT_IDS: [u32; 6] = [2, 818, 5279, 529, 7001, 563];
+const GREEDY_IDS: [u32; 8] = [506, 5279, 529, 506, 2891, 529, 7001, 236761];
+
+/// One model for the tests of this binary (loading it twice would double the memory); a test
+/// takes it for its whole run.
+fn model() -> &'static Mutex<(Model, GgufTokenizer)> {
+    static MODEL: std::sync::OnceLock<Mutex<(Model, GgufTokenizer)>> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let path = gemma3::weights::find_gguf().unwrap_or_else(|e| panic!("{e}"));
+        let loaded = load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
+        Mutex::new(loaded)
+    })
+}
+
+#[test]
+fn greedy_decoding_chooses_transformers_tokens() {
+    let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+    let (model, tokenizer) = &mut *guard;
+    let generation = greedy(model, tokenizer, PROMPT, GREEDY_IDS.len()).unwrap();
+    assert_eq!(generation.prompt_ids, PROMPT_IDS);
+    assert_eq!(generation.generated, GREEDY_IDS);
+    assert_eq!(generation.text, " the capital of the country of France.");
+    assert!(!generation.stopped);
+}
+
+#[test]
+fn the_tokenizer_round_trips_text_with_characters_outside_the_vocabulary() {
+    let guard = model().lock().unwrap_or_else(|e| e.into_inner());
+    let (_, tokenizer) = &*guard;
+    for text in [
+        "Grüße aus Köln, 東京 and Paris!",
+        "  two spaces, a tab\tand\nnewlines\n\n",
+        "a crab 🦀 and an unusual glyph \u{10FFFD}",
+    ] {
+        let ids = tokenizer.encode(text).unwrap();
+        assert_eq!(ids[0], tokenizer.bos_id, "{text:?}");
+        assert_eq!(tokenizer.decode(&ids).unwrap(), text, "{ids:?}");
+    }
+    // A private-use character is not a piece: it falls back to its four UTF-8 bytes.
+    let ids = tokenizer.encode("\u{10FFFD}").unwrap();
+    let pieces: Vec<&str> = ids[1..]
+        .iter()
+        .filter_map(|&id| tokenizer.piece(id))
+        .collect();
+    assert_eq!(pieces, ["<0xF4>", "<0x8F>", "<0xBF>", "<0xBD>"]);
+}
+
+#[cfg(feature = "trace")]
+mod traced {
+    use super::*;
+    use model_trace::{ModelTracerConfig, QuantType, Session, TraceFilter};
+
+    /// Gemma 3's stages in the order its block computes them.
+    const STAGES: [&str; 11] = [
+        "input",
+        "attn_in",
+        "q_norm",
+        "k_norm",
+        "attn_out",
+        "attn_post_norm",
+        "resid_mid",
+        "mlp_in",
+        "mlp_out",
+        "mlp_post_norm",
+        "output",
+    ];
+
+    #[test]
+    fn every_pass_records_gemma3_stages_and_every_quantized_format() {
+        let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+        let (model, tokenizer) = &mut *guard;
+        let session = Session::with_trace_filter(ModelTracerConfig::full(), TraceFilter::all());
+        let generation = greedy(model, tokenizer, PROMPT, 2).unwrap();
+        let (tracer, errors) = session.finish_with_errors();
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(generation.generated, GREEDY_IDS[..2]);
+
+        let config = model.config().clone();
+        let passes = tracer.activation_traces();
+        assert_eq!(passes.len(), 2);
+        for (p, pass) in passes.iter().enumerate() {
+            let rows = if p == 0 { PROMPT_IDS.len() } else { 1 };
+            assert_eq!(pass.layers.len(), config.num_layers, "pass {p}");
+            for (i, layer) in pass.layers.iter().enumerate() {
+                assert_eq!(layer.layer_idx, i);
+                let names: Vec<&str> = layer.stages().map(|(name, _)| name).collect();
+                assert_eq!(names, STAGES, "pass {p} layer {i}");
+                for (stage, stats) in layer.stages() {
+                    let width = match stage {
+                        "q_norm" => config.num_heads * config.head_dim,
+                        "k_norm" => config.num_kv_heads * config.head_dim,
+                        _ => config.hidden_size,
+                    };
+                    assert_eq!(stats.count, rows * width, "pass {p} layer {i} {stage}");
+                    assert_eq!(stats.nan_count + stats.inf_count, 0);
+                }
+            }
+        }
+
+        // Every matmul under its file's format: 7 a block and the tied Q8_0 head.
+        let quant = tracer.quant_traces();
+        assert_eq!(quant.len(), 2);
+        for pass in quant {
+            assert_eq!(pass.traces.len(), 7 * config.num_layers + 1);
+            let count = |t: QuantType| pass.traces.iter().filter(|q| q.quant_type == t).count();
+            let counts = [
+                count(QuantType::Q4_K),
+                count(QuantType::Q5_0),
+                count(QuantType::Q6_K),
+                count(QuantType::Q8_0),
+            ];
+            // The GGUF's tensor types (Q4_K_M): Q5_0 for q, k, gate, up and most v; Q4_K for
+            // the output projections and most down projections; Q6_K for 9 down projections;
+            // Q8_0 for 9 v projections and the tied head.
+            assert_eq!(counts, [27, 81, 9, 10]);
+            for trace in &pass.traces {
+                assert_eq!(trace.non_finite, 0);
+                assert!(trace.cosine_similarity > 0.99, "{trace:?}");
+            }
+        }
+    }
+}
