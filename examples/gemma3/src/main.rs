@@ -6,17 +6,20 @@ use gemma3::weights;
 use model_trace::{ModelTracerConfig, Session};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: gemma3 [--max-tokens N] [--logit-lens] \
+const USAGE: &str = "usage: gemma3 [--max-tokens N] [--logit-lens] [--no-quant] \
                      [--trace-out FILE [--capture PATTERN]] PROMPT\n\
                      built with --features trace, the run is traced: --trace-out writes the trace \
                      file (also MODEL_TRACE_OUT=FILE), --capture saves the tensors it selects in \
                      full beside it (also MODEL_TRACE_CAPTURE); --logit-lens records each layer's \
-                     output read through the final norm and head";
+                     output read through the final norm and head; --no-quant leaves out the quantization error \
+                     records (each matmul's f32 twin: the run's slowest part, and 0.7 GB for the \
+                     dequantized head)";
 
 struct Args {
     prompt: String,
     max_tokens: usize,
     logit_lens: bool,
+    no_quant: bool,
     trace_out: Option<String>,
     capture: Option<String>,
 }
@@ -25,6 +28,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut prompt: Option<String> = None;
     let mut max_tokens = 8;
     let mut logit_lens = false;
+    let mut no_quant = false;
     let (mut trace_out, mut capture) = (None, None);
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
@@ -46,6 +50,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|_| format!("--max-tokens takes a number, not {v:?}"))?;
             }
             "--logit-lens" => logit_lens = true,
+            "--no-quant" => no_quant = true,
             "--trace-out" => trace_out = Some(value("--trace-out")?),
             "--capture" => capture = Some(value("--capture")?),
             // Test-only (not in the usage): Gemma's porting bugs to inject,
@@ -61,6 +66,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         prompt: prompt.ok_or("no prompt given")?,
         max_tokens,
         logit_lens,
+        no_quant,
         trace_out,
         capture,
     })
@@ -91,7 +97,11 @@ fn run(args: &Args) -> gemma3::Result<()> {
     let (mut model, tokenizer) = load(&path)?;
     model.logit_lens = args.logit_lens;
     let session = if cfg!(feature = "trace") {
-        let mut builder = Session::builder(ModelTracerConfig::full())
+        let config = ModelTracerConfig {
+            trace_quant_error: !args.no_quant,
+            ..ModelTracerConfig::full()
+        };
+        let mut builder = Session::builder(config)
             .from_env()
             .weights(path.display().to_string())
             .model("Gemma 3 270M (Q4_K_M GGUF)")
