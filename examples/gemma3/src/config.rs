@@ -64,7 +64,15 @@ impl Config {
             }
         };
         Ok(Self {
-            vocab_size: gguf.strings("tokenizer.ggml.tokens")?.len(),
+            // The length alone: the tokenizer copies the pieces out once, not here too.
+            vocab_size: match gguf.value("tokenizer.ggml.tokens")? {
+                candle_core::quantized::gguf_file::Value::Array(pieces) => pieces.len(),
+                other => {
+                    return Err(Error::Gguf(format!(
+                        "tokenizer.ggml.tokens is {other:?}, not an array"
+                    )))
+                }
+            },
             hidden_size: gguf.usize("gemma3.embedding_length")?,
             intermediate_size: gguf.usize("gemma3.feed_forward_length")?,
             num_layers: gguf.usize("gemma3.block_count")?,
