@@ -21,6 +21,7 @@ use trace_runtime::compare::{
 use trace_runtime::{CaptureError, CaptureFiles, Event};
 
 use crate::checked::{CheckVerdict, StageChecker};
+use crate::chosen::{Choices, FirstTokenDivergence, LogitsRecord, PassLogits, TokenVerdict};
 use crate::input::{TraceFile, TraceRun};
 use crate::load::{self, InputError};
 use crate::style::Colors;
@@ -261,6 +262,8 @@ struct PassTensors {
     /// The token ids the pass consumed, as its `pass_begin` (the first rank's) says; `None`
     /// where it does not say.
     tokens: Option<Vec<u32>>,
+    /// Its logits records' best tokens.
+    logits: PassLogits,
     tensors: TraceTensors,
 }
 
@@ -312,21 +315,26 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
     let (mut current, mut tensors, mut late) = (None::<usize>, 0, 0);
     // The token ids of the pass `current`.
     let mut tokens = None::<Vec<u32>>;
+    // The logits records of the pass `current`.
+    let mut logits = PassLogits::default();
     // Captures it cannot read are the comparison's warnings too: its own are not repeated.
     let mut checker = StageChecker::new(run);
     let mut listening = true;
-    let mut hand_on =
-        |pass: Option<usize>, tokens: Option<Vec<u32>>, parts: &mut [TraceTensors]| {
-            let tensors = TraceTensors::merge_ranks(parts.iter_mut().map(TraceTensors::take));
-            if listening && !tensors.tensors.is_empty() {
-                let pass = PassTensors {
-                    pass,
-                    tokens,
-                    tensors,
-                };
-                listening = send.send(pass).is_ok();
-            }
-        };
+    let mut hand_on = |pass: Option<usize>,
+                       tokens: Option<Vec<u32>>,
+                       logits: PassLogits,
+                       parts: &mut [TraceTensors]| {
+        let tensors = TraceTensors::merge_ranks(parts.iter_mut().map(TraceTensors::take));
+        if listening && !tensors.tensors.is_empty() {
+            let pass = PassTensors {
+                pass,
+                tokens,
+                logits,
+                tensors,
+            };
+            listening = send.send(pass).is_ok();
+        }
+    };
     let notes = load::read(run, |file, event| {
         if let Ok(checker) = checker.as_mut() {
             checker.event(run, file, &event);
@@ -342,7 +350,7 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
             }
             (Some(p), c) => {
                 if c.is_some_and(|c| c < p) {
-                    hand_on(c, tokens.take(), &mut pending);
+                    hand_on(c, tokens.take(), std::mem::take(&mut logits), &mut pending);
                 }
                 current = Some(p);
                 // The reader hands on one begin of a pass: the first rank's.
@@ -350,15 +358,31 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
                     tokens = begin.tokens;
                     return;
                 }
+                if let Event::Logits(record) = &event {
+                    let rows = &record.batch_rows;
+                    if let Some(row) = rows.iter().find(|r| r.batch == 0).or(rows.first()) {
+                        logits.records.push(LogitsRecord {
+                            layer: record.layer,
+                            row: row
+                                .top_tokens
+                                .iter()
+                                .copied()
+                                .zip(row.top_logits.iter().copied())
+                                .collect(),
+                            l2_norm: record.logits.stats.l2_norm,
+                            count: record.logits.stats.count,
+                        });
+                    }
+                }
                 let before = pending[at].tensors.len();
                 pending[at].push(event);
                 tensors += pending[at].tensors.len() - before;
             }
         }
     })?;
-    hand_on(current, tokens, &mut pending);
+    hand_on(current, tokens, logits, &mut pending);
     tensors += outside.iter().map(|t| t.tensors.len()).sum::<usize>();
-    hand_on(None, None, &mut outside);
+    hand_on(None, None, PassLogits::default(), &mut outside);
     Ok(ReadPasses {
         notes,
         tensors,
@@ -531,6 +555,8 @@ struct Found {
     other_tokens: [OtherTokens; 2],
     /// The capture files read so far, each one's header parsed once.
     captures: CaptureFiles,
+    /// The tokens each run chose, pass by pass, until they part.
+    choices: Choices,
 }
 
 /// The passes of a trace that consumed other token ids than the same passes of the reference:
@@ -615,7 +641,11 @@ impl Found {
         labels: &[&str],
     ) {
         let empty = TraceTensors::default();
-        for passes in aligned(readers) {
+        for mut passes in aligned(readers) {
+            let logits = [0, 1].map(|at| {
+                (passes[at].as_mut())
+                    .map_or_else(PassLogits::default, |p| std::mem::take(&mut p.logits))
+            });
             let tensors = |at: usize| passes.get(at).and_then(Option::as_ref).map(|p| &p.tensors);
             let pass = passes[..2].iter().flatten().next().and_then(|p| p.pass);
             self.compare_tokens(&passes, labels);
@@ -636,8 +666,18 @@ impl Found {
                     FloorOf::Without(_) => None,
                 },
             );
+            if let Some(pass) = pass {
+                let final_logits = (compared.pairs.iter())
+                    .filter(|pair| pair.name == "logits")
+                    .max_by_key(|pair| pair.layer)
+                    .cloned();
+                let consumed =
+                    [0, 1].map(|at| passes[at].as_ref().and_then(|p| p.tokens.as_deref()));
+                self.choices.pass(pass, logits, consumed, final_logits);
+            }
             self.fold(pass, floors.as_ref(), compared);
         }
+        self.choices.finish();
     }
 
     /// Warns of each of `passes` (one pass of each trace, `labels` naming the traces) that
@@ -840,6 +880,13 @@ pub(crate) struct Report<'a> {
     /// `{pass, layer, stage}` of the first divergence in the reference's execution order, with
     /// what differs there; `null` when nothing diverged.
     pub(crate) first_divergence: Option<Divergence<'a>>,
+    /// The first pass where the two runs chose different next tokens (from their final logits'
+    /// best token, or the token their next pass consumed), with both sides' best tokens, the
+    /// margins, the other's logits error and a verdict; `null` when they chose the same tokens
+    /// in every pass where both choices are known.
+    pub(crate) first_token_divergence: Option<&'a FirstTokenDivergence>,
+    /// How many passes' choices were compared.
+    pub(crate) token_passes_compared: usize,
     /// The pass the per-layer table is about.
     pub(crate) table_pass: usize,
     /// Per layer of that pass: the worst tensor.
@@ -979,6 +1026,8 @@ impl<'a> Report<'a> {
                 seq: f.pair.seq,
                 detail: f,
             }),
+            first_token_divergence: found.choices.first.as_ref(),
+            token_passes_compared: found.choices.compared,
             table_pass: found.table.pass.unwrap_or(0),
             layers: (layers.into_iter())
                 .map(|(layer, (worst, ratio))| LayerRow {
@@ -1153,6 +1202,23 @@ impl<'a> Report<'a> {
                 );
             }
             Some(d) => describe(&mut out, colors, d, self.tolerance, self.floor_factor),
+        }
+        if let Some(tokens) = self.first_token_divergence {
+            let text = tokens.text();
+            let _ = write!(
+                out,
+                "{}",
+                match tokens.verdict {
+                    TokenVerdict::NearTie => text,
+                    _ => colors.bad(&text),
+                }
+            );
+        } else if self.token_passes_compared > 1 {
+            let _ = writeln!(
+                out,
+                "same tokens: both runs chose the same next token in all {} passes compared",
+                self.token_passes_compared
+            );
         }
         let _ = writeln!(out);
         self.layer_table(&mut out, colors);

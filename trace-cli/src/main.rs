@@ -14,6 +14,7 @@
 mod args;
 mod check;
 mod checked;
+mod chosen;
 mod chrome;
 mod compared;
 mod diff;

@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::args::ReportArgs;
+use crate::chosen::TokenVerdict;
 use crate::compared::{Diffed, Floor, Judged};
 use crate::input::TraceRun;
 use crate::load::{self, InputError};
@@ -29,6 +30,8 @@ pub(crate) struct DiffData {
     /// `diff`'s text output.
     text: String,
     first: Option<FirstDivergence>,
+    /// The first pass where the two runs chose different next tokens, and the verdict.
+    first_token: Option<FirstToken>,
     /// The pass of the per-layer curves.
     curve_pass: usize,
     /// Tensor names with a curve: the stages, then `attention` and `logits`.
@@ -63,6 +66,17 @@ struct FirstDivergence {
     pass: usize,
     layer: usize,
     stage: String,
+}
+
+/// `diff`'s first token divergence, as the page shows it.
+#[derive(Debug, Serialize)]
+struct FirstToken {
+    pass: usize,
+    /// Where the runs part and what each chose (`diff`'s line).
+    headline: String,
+    /// `near_tie`, `divergence` or `unknown`.
+    verdict: TokenVerdict,
+    decisive_layer: Option<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -186,6 +200,12 @@ fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
             pass: f.pass,
             layer: f.layer,
             stage: f.stage.to_owned(),
+        }),
+        first_token: report.first_token_divergence.map(|t| FirstToken {
+            pass: t.pass,
+            headline: t.headline(),
+            verdict: t.verdict,
+            decisive_layer: t.decisive_layer,
         }),
         curve_pass,
         stages,

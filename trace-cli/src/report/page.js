@@ -641,5 +641,11 @@
         h("div", { class: "plot", id: "diff-passes" }, linePlot(perPass, { xLabel: "pass", yLabel: "worst error / allowed", logY: true, integerX: true, hlines: [{ y: 1, text: "tolerance", color: "#c62828" }], width: 560, empty: "every tensor bit-identical" }))),
       ...floor,
       h("details", { open: "" }, h("summary", {}, "the diff"), h("pre", {}, D.text)));
+    if (D.first_token) {
+      const T = D.first_token;
+      const verdict = { near_tie: "a near-tie (the flip is within the other's logit error)", divergence: "a divergence", unknown: "not judged (the final logits were not compared)" }[T.verdict];
+      const lens = T.decisive_layer !== null && T.decisive_layer !== undefined ? `; this trace's logit lens prefers its token from layer ${T.decisive_layer} on` : "";
+      sec.insertBefore(h("p", { class: T.verdict === "near_tie" ? "ok" : "warn", id: "diff-first-token" }, `first token divergence: ${T.headline}: ${verdict}${lens}`), sec.querySelector(".row"));
+    }
   }
 })();
