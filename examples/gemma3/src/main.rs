@@ -1,88 +1,50 @@
 //! `gemma3 "The capital of France is"`: greedy continuation of a prompt with Gemma 3 270M,
 //! traced by model-trace when built with `--features trace`.
 
+use clap::Parser;
 use gemma3::generate::{greedy, load};
 use gemma3::weights;
 use model_trace::{ModelTracerConfig, Session};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: gemma3 [--max-tokens N] [--logit-lens] [--no-quant] \
-                     [--trace-out FILE [--capture PATTERN]] PROMPT\n\
-                     built with --features trace, the run is traced: --trace-out writes the trace \
-                     file (also MODEL_TRACE_OUT=FILE), --capture saves the tensors it selects in \
-                     full beside it (also MODEL_TRACE_CAPTURE); --logit-lens records each layer's \
-                     output read through the final norm and head; --no-quant leaves out the quantization error \
-                     records (each matmul's f32 twin: the run's slowest part, and 0.7 GB for the \
-                     dequantized head)";
-
+/// Greedy continuation of a prompt with Gemma 3 270M (Q4_K_M GGUF, fetched if missing). Built
+/// with `--features trace`, the run is traced.
+#[derive(Parser)]
+#[command(name = "gemma3")]
 struct Args {
+    /// The prompt.
     prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 8)]
     max_tokens: usize,
+    /// Record each layer's output read through the final norm and head.
+    #[arg(long)]
     logit_lens: bool,
+    /// Leave out the quantization error records (each matmul's f32 twin: the run's slowest
+    /// part, and 0.7 GB for the dequantized head).
+    #[arg(long)]
     no_quant: bool,
+    /// Write the trace file here (also `MODEL_TRACE_OUT=FILE`).
+    #[arg(long, value_name = "FILE")]
     trace_out: Option<String>,
+    /// Save the tensors this filter selects in full beside the trace file (also
+    /// `MODEL_TRACE_CAPTURE`).
+    #[arg(long, value_name = "PATTERN")]
     capture: Option<String>,
-}
-
-fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut prompt: Option<String> = None;
-    let mut max_tokens = 8;
-    let mut logit_lens = false;
-    let mut no_quant = false;
-    let (mut trace_out, mut capture) = (None, None);
-    let mut args = args.peekable();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match flag.as_str() {
-            "--max-tokens" => {
-                let v = value("--max-tokens")?;
-                max_tokens = v
-                    .parse()
-                    .map_err(|_| format!("--max-tokens takes a number, not {v:?}"))?;
-            }
-            "--logit-lens" => logit_lens = true,
-            "--no-quant" => no_quant = true,
-            "--trace-out" => trace_out = Some(value("--trace-out")?),
-            "--capture" => capture = Some(value("--capture")?),
-            // Test-only (not in the usage): Gemma's porting bugs to inject,
-            // `NAME[@LAYER][,...]` (`gemma3::bugs`), for the whole process.
-            "--inject-bug" => gemma3::bugs::inject_list(&value("--inject-bug")?)?,
-            "-h" | "--help" => return Err(String::new()),
-            f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
-            _ if prompt.is_some() => return Err("give the prompt as one argument".into()),
-            _ => prompt = Some(arg),
-        }
-    }
-    Ok(Args {
-        prompt: prompt.ok_or("no prompt given")?,
-        max_tokens,
-        logit_lens,
-        no_quant,
-        trace_out,
-        capture,
-    })
+    /// Gemma's porting bugs to inject, `NAME[@LAYER][,...]` (`gemma3::bugs`), for the whole
+    /// process (for the tests).
+    #[arg(long, value_name = "BUGS", hide = true)]
+    inject_bug: Option<String>,
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("error: {msg}");
-            }
-            eprintln!("{USAGE}");
+    let args = Args::parse();
+    if let Some(bugs) = &args.inject_bug {
+        if let Err(msg) = gemma3::bugs::inject_list(bugs) {
+            eprintln!("error: --inject-bug: {msg}");
             return ExitCode::from(2);
         }
-    };
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
