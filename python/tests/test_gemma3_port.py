@@ -117,3 +117,39 @@ def test_unscaled_embeddings_are_named_before_the_first_layer(references):
     code, report = diff(hf, port, "--floor", str(llama), *NORM)
     assert (code, first(report)) == (1, (0, 0, "input"))
     assert report["first_divergence"]["before_first_layer"]
+
+
+def test_greedy_decoding_chooses_the_references_tokens_and_an_f32_cache_flips_a_near_tie(tmp_path):
+    """8 greedy passes of the port ("The capital of France is"), transformers' `generate` and
+    llama.cpp (F16 and F32 KV caches) fed the port's tokens: `diff` finds the same token in every
+    pass against transformers and llama.cpp's default; llama.cpp with an F32 cache would choose
+    another token at pass 5, a near-tie by the port's and by transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    import model_trace.torch
+    from gemma3_weights import gguf, transformers_dir
+
+    port = tmp_path / "port.ndjson"
+    run_example("gemma3", ["--no-quant", "--max-tokens", "8", "--trace-out", str(port), "The capital of France is"],
+                cwd=tmp_path)
+    ids = llama_cpp.passes_of(str(port))[0]
+    model = AutoModelForCausalLM.from_pretrained(str(transformers_dir()), dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    hf = tmp_path / "transformers.ndjson"
+    with torch.no_grad(), model_trace.torch.trace(model, str(hf)):
+        model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    runs = {}
+    for kv in ("f16", "f32"):
+        runs[kv] = tmp_path / f"llama-{kv}.ndjson"
+        llama_cpp.run(str(gguf()), llama_cpp.passes_of(str(port)), str(runs[kv]), kv=kv)
+    for reference in (hf, runs["f16"]):
+        _, report = diff(reference, port, *NORM)
+        assert report["first_token_divergence"] is None, report["first_token_divergence"]
+        assert report["token_passes_compared"] == 8
+    for reference, other in ((runs["f32"], port), (hf, runs["f32"])):
+        _, report = diff(reference, other, *NORM)
+        found = report["first_token_divergence"]
+        assert found is not None and found["pass"] == 5 and found["verdict"] == "near_tie", found
+        # 529 (" of") against 236761 ("."), whichever way round.
+        assert {found["reference"]["token"], found["other"]["token"]} == {529, 236761}, found
+        assert found["parted"] is False

@@ -255,6 +255,45 @@ def test_the_port_is_as_far_from_llama_cpp_as_llama_cpp_is_from_itself(smollm):
     print("\nSmolLM2, relative RMS error against llama.cpp (F16 KV), 16 passes x 30 layers:\n" + "\n".join(lines))
 
 
+def token_divergence(report):
+    """``(pass, reference's token, other's token, verdict)`` of diff's first token divergence."""
+    f = report["first_token_divergence"]
+    return None if f is None else (f["pass"], f["reference"]["token"], f["other"]["token"], f["verdict"])
+
+
+def test_the_token_an_f32_kv_cache_flips_is_a_near_tie_and_the_port_chooses_alike(smollm):
+    f16, f32, port = smollm / "llama-f16.ndjson", smollm / "llama-f32.ndjson", smollm / "port.ndjson"
+    # llama.cpp fed the port's tokens: with an F32 cache it would choose another token at pass 5,
+    # where F16's margin is 0.27 logits, and the flip is within its logits' error.
+    _, report = diff(f16, f32, *SMOLLM_TOLERANCE)
+    first = report["first_token_divergence"]
+    assert token_divergence(report) == (5, 1797, 2988, "near_tie"), first
+    assert first["parted"] is False and first["reference"]["consumed_next"] == 1797
+    assert 0.2 < first["reference_margin"] < 0.35, first
+    assert first["flip"] <= first["near_tie_limit"], first
+    print(f"\nF32 KV against F16, pass 5: margin {first['reference_margin']:.3f}, flip {first['flip']:.3f}, "
+          f"limit {first['near_tie_limit']:.3f}, logits error {first['logits_error']['relative_error']:.4f}")
+    # The port chooses F16's token in all 16 passes; against F32 it is F32 that would have
+    # chosen otherwise, at the same pass, and again a near-tie.
+    _, report = diff(f16, port, *SMOLLM_TOLERANCE)
+    assert report["first_token_divergence"] is None and report["token_passes_compared"] == PASSES
+    _, report = diff(f32, port, *SMOLLM_TOLERANCE)
+    assert token_divergence(report) == (5, 2988, 1797, "near_tie"), report["first_token_divergence"]
+
+
+def test_a_bug_that_changes_the_text_is_a_divergence_with_the_layer_its_token_takes_over(smollm, tmp_path):
+    ours = tmp_path / "kv-bug.ndjson"
+    run_example("smollm", ["--max-tokens", "4", "--logit-lens", "--inject-bug", "kv-cache-off-by-one",
+                           "--trace-out", str(ours), PROMPT], cwd=tmp_path)
+    _, report = diff(smollm / "llama-f16.ndjson", ours, *SMOLLM_TOLERANCE)
+    first = report["first_token_divergence"]
+    # The first decode pass reads the cache one position off: its logits are far out of
+    # tolerance, and its own token wins from a late layer of its logit lens on.
+    assert token_divergence(report) == (1, 30, 314, "divergence"), first
+    assert first["parted"] is True and not first["logits_error"]["within_tolerance"]
+    assert 20 <= first["decisive_layer"] < 30, first
+
+
 @pytest.mark.parametrize(
     "bug, summaries, captured_at",
     [

@@ -8,19 +8,15 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use candle_core::Device;
+use clap::Parser;
 use minilm::report::{token_labels, StrongestKeys};
 use minilm::{tokenizer, weights, Model};
 use model_trace::{ModelTracer, ModelTracerConfig, RecordError, Session};
 
 const DEFAULT_SENTENCE: &str = "This is an example sentence";
 const SHOWN_DIMS: usize = 8;
-const USAGE: &str = "usage: minilm [--trace off|lightweight|full] [--trace-out FILE [--capture PATTERN]] \
-                     [SENTENCE]\n\
-                     --trace-out writes the trace file (also MODEL_TRACE_OUT=FILE), --capture saves \
-                     the tensors it selects in full beside it (also MODEL_TRACE_CAPTURE)";
-
 /// How much the session records around the forward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum TraceLevel {
     /// No session.
     Off,
@@ -47,91 +43,46 @@ impl TraceLevel {
     }
 }
 
+/// The token ids, the start of the sentence embedding, and for every layer and head which token
+/// each token attends to most, with all-MiniLM-L6-v2. Built with `--features trace`, it also
+/// lists the model's tracepoints, runs the forward pass in a model-trace session and ends with
+/// the tracer's summary.
+#[derive(Parser)]
+#[command(name = "minilm")]
 struct Args {
-    text: String,
+    /// The sentence (its words may be separate arguments).
+    #[arg(default_value = DEFAULT_SENTENCE)]
+    words: Vec<String>,
+    /// What the session records (default: full where tracing is compiled in, else off).
+    #[arg(long, value_enum, default_value_t = TraceLevel::DEFAULT)]
     trace: TraceLevel,
+    /// Write the trace file here (also `MODEL_TRACE_OUT=FILE`).
+    #[arg(long, value_name = "FILE")]
     trace_out: Option<String>,
+    /// Save the tensors this filter selects in full beside the trace file (also
+    /// `MODEL_TRACE_CAPTURE`).
+    #[arg(long, value_name = "PATTERN")]
     capture: Option<String>,
+    /// The porting bugs to inject, `NAME[@LAYER][,...]` (`minilm::bugs`), for the whole
+    /// process (for the tests).
+    #[arg(long, value_name = "BUGS", hide = true)]
+    inject_bug: Option<String>,
 }
 
-/// `Err(String::new())` asks for the usage line alone (`--help`).
-fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut words = Vec::new();
-    let mut trace = TraceLevel::DEFAULT;
-    let (mut trace_out, mut capture) = (None, None);
-    let mut args = args.peekable();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.into())),
-            _ => (arg.clone(), None),
-        };
-        match flag.as_str() {
-            "--trace" => {
-                let level = inline
-                    .or_else(|| args.next())
-                    .ok_or("--trace needs a value")?;
-                trace = match level.as_str() {
-                    "off" => TraceLevel::Off,
-                    "lightweight" => TraceLevel::Lightweight,
-                    "full" => TraceLevel::Full,
-                    other => {
-                        return Err(format!(
-                            "--trace takes off, lightweight or full, not {other:?}"
-                        ))
-                    }
-                };
-            }
-            "--trace-out" => {
-                trace_out = Some(
-                    inline
-                        .or_else(|| args.next())
-                        .ok_or("--trace-out needs a file")?,
-                );
-            }
-            "--capture" => {
-                capture = Some(
-                    inline
-                        .or_else(|| args.next())
-                        .ok_or("--capture needs a pattern")?,
-                );
-            }
-            // Test-only (not in the usage): the porting bugs to inject, `NAME[@LAYER][,...]`
-            // (`minilm::bugs`), for the whole process.
-            "--inject-bug" => {
-                let bugs = inline
-                    .or_else(|| args.next())
-                    .ok_or("--inject-bug needs a name")?;
-                minilm::bugs::inject_list(&bugs)?;
-            }
-            "-h" | "--help" => return Err(String::new()),
-            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
-            _ => words.push(arg),
-        }
+impl Args {
+    fn text(&self) -> String {
+        self.words.join(" ")
     }
-    let text = if words.is_empty() {
-        DEFAULT_SENTENCE.to_owned()
-    } else {
-        words.join(" ")
-    };
-    Ok(Args {
-        text,
-        trace,
-        trace_out,
-        capture,
-    })
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) => {
-            if !message.is_empty() {
-                eprintln!("error: {message}");
-            }
-            eprintln!("{USAGE}   (default sentence: {DEFAULT_SENTENCE:?})");
+    let args = Args::parse();
+    if let Some(bugs) = &args.inject_bug {
+        if let Err(message) = minilm::bugs::inject_list(bugs) {
+            eprintln!("error: --inject-bug: {message}");
             return ExitCode::from(2);
         }
-    };
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -153,7 +104,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::Cpu;
     let model = Model::load(&files, &device)?;
     let tokenizer = tokenizer::load(&files.tokenizer)?;
-    let encoded = tokenizer::encode(&tokenizer, &args.text)?;
+    let encoded = tokenizer::encode(&tokenizer, &args.text())?;
     let (ids, mask) = encoded.to_tensors(&device)?;
 
     let level = if cfg!(feature = "trace") || args.trace == TraceLevel::Off {
@@ -195,7 +146,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let mut report = String::new();
-    writeln!(report, "text: {:?}", args.text)?;
+    writeln!(report, "text: {:?}", args.text())?;
     writeln!(report, "tokens: {}", encoded.tokens.join(" "))?;
     writeln!(report, "ids: {:?}", encoded.ids)?;
     let shown: Vec<String> = embedding
@@ -245,7 +196,7 @@ fn start_session(
         .from_env()
         .model("all-MiniLM-L6-v2")
         .weights(files.weights.display().to_string())
-        .prompt(args.text.clone())
+        .prompt(args.text())
         .extra("token_ids", format!("{:?}", token_ids))
         .dtype("f32")
         .device("cpu");
