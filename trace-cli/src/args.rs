@@ -80,7 +80,8 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Compare a trace with a reference: the first divergence in execution order, what differs
-    /// there and by how much, and the error layer by layer.
+    /// there and by how much, the error layer by layer, and the first pass where the two runs
+    /// chose different next tokens (a near-tie or a divergence).
     Diff(DiffArgs),
     /// One self-contained HTML page of plots: each stage through the layers, the outputs
     /// through the passes, the attention heads, logit evolution, quantization error, KV cache,
