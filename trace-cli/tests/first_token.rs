@@ -66,34 +66,22 @@ fn write(path: &Path, passes: &[Pass]) -> String {
     path.to_str().expect("a UTF-8 path").to_owned()
 }
 
-/// `diff --json` (norm criterion, rtol 10%): its exit code and output.
+/// The tolerance of every comparison here: norm criterion, rtol 10%.
+const TOLERANCE: [&str; 4] = ["--check-error-stat", "norm", "--rtol", "0.1"];
+
+/// `diff --json`: its exit code and output.
 fn diff(reference: &str, other: &str) -> (Option<i32>, Value) {
-    let output = run(&[
-        "diff",
-        "--json",
-        "--check-error-stat",
-        "norm",
-        "--rtol",
-        "0.1",
-        reference,
-        other,
-    ]);
+    let output = run(&[&["diff", "--json"], &TOLERANCE[..], &[reference, other]].concat());
     let value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("JSON on stdout ({e}): {}", text(&output)));
     (output.status.code(), value)
 }
 
+/// `diff`'s text.
 fn diff_text(reference: &str, other: &str) -> String {
-    let output = run(&[
-        "diff",
-        "--check-error-stat",
-        "norm",
-        "--rtol",
-        "0.1",
-        reference,
-        other,
-    ]);
-    text(&output)
+    text(&run(
+        &[&["diff"], &TOLERANCE[..], &[reference, other]].concat()
+    ))
 }
 
 /// The reference: token 10 wins at pass 1 over 11 by `margin`; every other pass, token 20.
@@ -283,17 +271,11 @@ fn the_report_shows_the_first_token_divergence() {
     let page = dir.join("report.html");
     let page_path = page.to_str().expect("a UTF-8 path");
     let output = run(&[
-        "report",
-        &other,
-        "--against",
-        &reference,
-        "--check-error-stat",
-        "norm",
-        "--rtol",
-        "0.1",
-        "-o",
-        page_path,
-    ]);
+        &["report", &other, "--against", &reference],
+        &TOLERANCE[..],
+        &["-o", page_path],
+    ]
+    .concat());
     let html = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{e}: {}", text(&output)));
     let data = common::embedded_data(&html);
     let first = &data["diff"]["first_token"];
