@@ -635,7 +635,7 @@
           h("div", { class: "plot", id: "diff-floor" }, linePlot(errors, { xLabel: "layer", yLabel: "error (least rtol)", logY: true, integerX: true, markers, width: 560, empty: "no error above 0" }), legend(D.stages.map((name, i) => [name, color(i)]).concat([["the floor", "#555", true]]))),
           h("div", { class: "plot", id: "diff-floor-ratio" }, linePlot(overFloor, { xLabel: "layer", yLabel: "error / the floor's", logY: true, integerX: true, markers, hlines: [{ y: F.factor, text: `${F.factor}× the floor's`, color: "#c62828" }], width: 560, empty: "no floor error above 0" }), legend(overFloor.map((x) => [x.name, x.color])))));
     }
-    sec.append(h("p", { class: D.first ? "warn" : "ok" }, D.first ? `first divergence: pass ${D.first.pass}, layer ${D.first.layer}, ${D.first.stage}` : "no divergence: every matched tensor is within tolerance"),
+    sec.append(h("p", { class: D.first ? "warn" : "ok", id: "diff-verdict" }, D.first ? `first divergence: pass ${D.first.pass}, layer ${D.first.layer}, ${D.first.stage}` : "no divergence: every matched tensor is within tolerance"),
       h("div", { class: "row" },
         h("div", { class: "plot", id: "diff-layers" }, linePlot(series, { xLabel: "layer", yLabel: "error / allowed", logY: true, integerX: true, markers, hlines: [{ y: 1, text: "tolerance", color: "#c62828" }], width: 560, empty: "every tensor bit-identical" }), legend(series.map((x) => [x.name, x.color]))),
         h("div", { class: "plot", id: "diff-passes" }, linePlot(perPass, { xLabel: "pass", yLabel: "worst error / allowed", logY: true, integerX: true, hlines: [{ y: 1, text: "tolerance", color: "#c62828" }], width: 560, empty: "every tensor bit-identical" }))),
@@ -645,7 +645,7 @@
       const T = D.first_token;
       const verdict = { near_tie: "a near-tie (the flip is within the other's logit error)", divergence: "a divergence", unknown: "not judged (the final logits were not compared)" }[T.verdict];
       const lens = T.decisive_layer !== null && T.decisive_layer !== undefined ? `; this trace's logit lens prefers its token from layer ${T.decisive_layer} on` : "";
-      sec.insertBefore(h("p", { class: T.verdict === "near_tie" ? "ok" : "warn", id: "diff-first-token" }, `first token divergence: ${T.headline}: ${verdict}${lens}`), sec.querySelector(".row"));
+      sec.querySelector("#diff-verdict").after(h("p", { class: T.verdict === "near_tie" ? "ok" : "warn", id: "diff-first-token" }, `first token divergence: ${T.headline}: ${verdict}${lens}`));
     }
   }
 })();
