@@ -5,6 +5,9 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
+use std::collections::VecDeque;
+
+use super::golden::{golden_header, GoldenDecoder};
 use crate::record::{Event, EventKind, TraceHeader, FORMAT_NAME, SCHEMA_VERSION};
 
 /// Why a trace (or a line of it) cannot be read.
@@ -132,6 +135,8 @@ pub struct TraceReader<R> {
     buffer: String,
     done: bool,
     bytes_read: u64,
+    /// For a golden file: its lines' decoder, and the events of a line not yet handed out.
+    golden: Option<(GoldenDecoder, VecDeque<Event>)>,
 }
 
 impl<R> fmt::Debug for TraceReader<R> {
@@ -173,6 +178,7 @@ impl<R: BufRead> TraceReader<R> {
             buffer: String::new(),
             done: false,
             bytes_read: 0,
+            golden: None,
         };
         let complete = match reader.next_line()? {
             Some(complete) => complete,
@@ -182,7 +188,9 @@ impl<R: BufRead> TraceReader<R> {
                 })
             }
         };
-        reader.header = reader.parse_header(complete)?;
+        let (header, golden) = reader.parse_header(complete)?;
+        reader.header = header;
+        reader.golden = golden.then(Default::default);
         Ok(reader)
     }
 
@@ -228,7 +236,8 @@ impl<R: BufRead> TraceReader<R> {
         Ok(Some(complete))
     }
 
-    fn parse_header(&self, complete: bool) -> Result<TraceHeader, ReadError> {
+    /// The header, and whether it is a golden file's.
+    fn parse_header(&self, complete: bool) -> Result<(TraceHeader, bool), ReadError> {
         let not_a_trace = |reason: String| ReadError::NotATrace {
             source_name: self.source_name.clone(),
             reason,
@@ -240,6 +249,11 @@ impl<R: BufRead> TraceReader<R> {
                 not_a_trace(format!("the header line is cut short ({e})"))
             }
         })?;
+        if let Some(golden) = golden_header(&value) {
+            return golden
+                .map(|header| (header.trace_header(), true))
+                .map_err(not_a_trace);
+        }
         match value.get("format").and_then(serde_json::Value::as_str) {
             Some(FORMAT_NAME) => {}
             Some(other) => return Err(not_a_trace(format!("its format is {other:?}"))),
@@ -257,7 +271,53 @@ impl<R: BufRead> TraceReader<R> {
                 });
             }
         }
-        serde_json::from_value(value).map_err(|e| not_a_trace(format!("bad header: {e}")))
+        serde_json::from_value(value)
+            .map(|header| (header, false))
+            .map_err(|e| not_a_trace(format!("bad header: {e}")))
+    }
+
+    /// The next event of a golden file.
+    fn next_golden(&mut self) -> Option<Result<Event, ReadError>> {
+        loop {
+            if let Some(event) = self.golden.as_mut()?.1.pop_front() {
+                return Some(Ok(event));
+            }
+            if self.done {
+                return None;
+            }
+            let complete = match self.next_line() {
+                Ok(Some(complete)) => complete,
+                Ok(None) => {
+                    self.done = true;
+                    return self.golden.as_mut()?.0.finish().map(Ok);
+                }
+                Err(error) => {
+                    self.done = true;
+                    return Some(Err(error));
+                }
+            };
+            if self.buffer.trim().is_empty() {
+                continue;
+            }
+            let (decoder, pending) = self.golden.as_mut()?;
+            match decoder.line(&self.buffer) {
+                Ok(events) => pending.extend(events),
+                Err(_) if !complete => {
+                    self.done = true;
+                    return Some(Err(ReadError::Truncated {
+                        source_name: self.source_name.clone(),
+                        line: self.line,
+                    }));
+                }
+                Err(reason) => {
+                    return Some(Err(ReadError::Malformed {
+                        source_name: self.source_name.clone(),
+                        line: self.line,
+                        reason,
+                    }))
+                }
+            }
+        }
     }
 }
 
@@ -265,6 +325,9 @@ impl<R: BufRead> Iterator for TraceReader<R> {
     type Item = Result<Event, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.golden.is_some() {
+            return self.next_golden();
+        }
         if self.done {
             return None;
         }
@@ -343,7 +406,7 @@ fn leading_tag(line: &str) -> Option<&str> {
     Some(&rest[..end])
 }
 
-fn placeholder_header() -> TraceHeader {
+pub(super) fn placeholder_header() -> TraceHeader {
     TraceHeader {
         format: String::new(),
         schema: 0,

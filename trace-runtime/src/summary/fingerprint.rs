@@ -13,6 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// NaN is a NaN: a difference there is no difference of the computation.
 pub const CANONICAL_NAN: u32 = 0x7fc0_0000;
 
+/// Bytes of a fingerprint that a short one keeps ([`Fingerprint::short`]): 8, 16 hex digits.
+pub const SHORT_FINGERPRINT_BYTES: usize = 8;
+
 /// Values hashed per update when some of them must be rewritten (a NaN): 64 KiB, large enough
 /// for BLAKE3's parallel hashing of whole chunks.
 const REWRITE_CHUNK: usize = 16 * 1024;
@@ -52,6 +55,47 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// The fingerprint cut to its first [`SHORT_FINGERPRINT_BYTES`] bytes, as golden files keep
+    /// it (16 hex digits instead of 64: a tenth of a golden file's size). Its other bytes are
+    /// zero, and it is written as 16 hex digits. Two tensors whose short fingerprints are
+    /// equal are the same bits but for a chance of 2⁻⁶⁴ per pair.
+    #[must_use]
+    pub fn short(&self) -> Self {
+        let mut bytes = [0u8; 32];
+        bytes[..SHORT_FINGERPRINT_BYTES].copy_from_slice(&self.0[..SHORT_FINGERPRINT_BYTES]);
+        Self(bytes)
+    }
+
+    /// Whether it is a [`short`](Self::short) one: every byte after the first 8 is zero (which
+    /// a whole BLAKE3 hash is with a chance of 2⁻¹⁹²).
+    pub fn is_short(&self) -> bool {
+        self.0[SHORT_FINGERPRINT_BYTES..]
+            .iter()
+            .all(|&byte| byte == 0)
+    }
+
+    /// Whether the two say that their tensors are the same bits: equal, or, when either is
+    /// [`short`](Self::short), equal in the bytes both have.
+    pub fn same_bits(&self, other: &Self) -> bool {
+        if self.is_short() || other.is_short() {
+            self.0[..SHORT_FINGERPRINT_BYTES] == other.0[..SHORT_FINGERPRINT_BYTES]
+        } else {
+            self == other
+        }
+    }
+
+    /// Its hex digits: 16 for a short one, else 64.
+    fn text(&self) -> ([u8; 64], usize) {
+        let len = if self.is_short() {
+            2 * SHORT_FINGERPRINT_BYTES
+        } else {
+            64
+        };
+        (self.hex(), len)
+    }
+}
+
 /// The bits of `value`, [`CANONICAL_NAN`] for every NaN.
 #[inline]
 #[must_use]
@@ -87,9 +131,9 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = self.hex();
+        let (hex, len) = self.text();
         // Hex digits are ASCII.
-        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+        f.write_str(std::str::from_utf8(&hex[..len]).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -99,7 +143,7 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-/// A fingerprint that is not 64 hex digits.
+/// A fingerprint that is neither 64 hex digits nor 16 (a [short](Fingerprint::short) one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FingerprintParseError(String);
 
@@ -107,7 +151,7 @@ impl fmt::Display for FingerprintParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "expected 64 hex digits for a fingerprint, found {:?}",
+            "expected 64 hex digits for a fingerprint (16 for a short one), found {:?}",
             self.0
         )
     }
@@ -120,7 +164,7 @@ impl FromStr for Fingerprint {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let error = || FingerprintParseError(text.chars().take(80).collect());
-        if text.len() != 64 || !text.is_ascii() {
+        if !matches!(text.len(), 64 | 16) || !text.is_ascii() {
             return Err(error());
         }
         let mut bytes = [0u8; 32];
@@ -134,8 +178,8 @@ impl FromStr for Fingerprint {
 
 impl Serialize for Fingerprint {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let hex = self.hex();
-        let text = std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?;
+        let (hex, len) = self.text();
+        let text = std::str::from_utf8(&hex[..len]).map_err(serde::ser::Error::custom)?;
         serializer.serialize_str(text)
     }
 }
@@ -214,5 +258,21 @@ mod tests {
         }
         let not_hex = format!("\"{}\"", "g".repeat(64));
         assert!(serde_json::from_str::<Fingerprint>(&not_hex).is_err());
+    }
+
+    #[test]
+    fn a_short_fingerprint_is_its_first_bytes_and_matches_its_whole_one() {
+        let whole = Fingerprint::of(&[1.0, 2.0]);
+        let short = whole.short();
+        assert!(short.is_short() && !whole.is_short());
+        assert_eq!(short.to_string(), whole.to_string()[..16]);
+        let json = serde_json::to_string(&short).unwrap();
+        assert_eq!(json.len(), 18);
+        assert_eq!(serde_json::from_str::<Fingerprint>(&json).unwrap(), short);
+        assert!(short.same_bits(&whole) && whole.same_bits(&short) && short.same_bits(&short));
+        let other = Fingerprint::of(&[1.0, 2.5]);
+        assert!(!short.same_bits(&other) && !other.same_bits(&short));
+        assert!(!whole.same_bits(&other) && whole.same_bits(&whole));
+        assert!("0123456789abcde".parse::<Fingerprint>().is_err());
     }
 }

@@ -8,7 +8,9 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-pub use fingerprint::{canonical_bits, Fingerprint, FingerprintParseError, CANONICAL_NAN};
+pub use fingerprint::{
+    canonical_bits, Fingerprint, FingerprintParseError, CANONICAL_NAN, SHORT_FINGERPRINT_BYTES,
+};
 pub use sketch::{element_hash, Sketch, SKETCH_DIM, SKETCH_SEED};
 
 use crate::stats::TensorStats;

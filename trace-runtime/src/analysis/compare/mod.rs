@@ -588,7 +588,11 @@ impl Pair<'_> {
             result.verdict = Verdict::ShapeMismatch;
             return result;
         }
-        if a.fingerprint.is_some() && a.fingerprint == b.fingerprint {
+        let same_bits = match (&a.fingerprint, &b.fingerprint) {
+            (Some(x), Some(y)) => x.same_bits(y),
+            _ => false,
+        };
+        if same_bits {
             result.verdict = Verdict::BitIdentical;
             result.error = ErrorMeasure {
                 relative_error: Some(0.0),
