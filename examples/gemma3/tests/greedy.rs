@@ -62,6 +62,20 @@ fn the_tokenizer_round_trips_text_with_characters_outside_the_vocabulary() {
 #[cfg(feature = "trace")]
 mod traced {
     use super::*;
+
+    /// 4 greedy tokens against their golden trace (`tests/golden/gemma3-paris.ndjson`): Gemma
+    /// 3's 11 stages of each of 18 layers, attention and logits, bit-exact on the machine that
+    /// blessed it. After a change that moves the numbers on purpose: `MODEL_TRACE_BLESS=1 cargo
+    /// test -p gemma3 --features trace --test greedy golden`.
+    #[test]
+    fn four_greedy_tokens_match_their_golden_trace() {
+        let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+        let (model, tokenizer) = &mut *guard;
+        let generation = model_trace::golden::check("tests/golden/gemma3-paris.ndjson", || {
+            greedy(model, tokenizer, PROMPT, 4).unwrap()
+        });
+        assert_eq!(generation.generated, GREEDY_IDS[..4]);
+    }
     use model_trace::{ModelTracerConfig, QuantType, Session, TraceFilter};
 
     /// Gemma 3's stages in the order its block computes them.

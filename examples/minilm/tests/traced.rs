@@ -83,6 +83,21 @@ fn worst_field(recorded: &TensorStats, reference: &TensorStats) -> (f32, &'stati
     )
 }
 
+/// The sentence's embedding pass against its golden trace (`tests/golden/minilm-sentence.ndjson`):
+/// every layer's stages and attention, bit-exact on the machine that blessed it. After a
+/// change that moves the numbers on purpose: `MODEL_TRACE_BLESS=1 cargo test -p minilm
+/// --features trace --test traced golden`.
+#[test]
+fn the_sentence_embedding_matches_its_golden_trace() {
+    let fixture = fixture();
+    let (ids, mask) = encode(&fixture, SENTENCE).to_tensors(&Device::Cpu).unwrap();
+    let embedding = model_trace::golden::check("tests/golden/minilm-sentence.ndjson", || {
+        fixture.model.embed(&ids, &mask).unwrap()
+    });
+    let first: f32 = embedding.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0];
+    assert!((first - SENTENCE_EMBEDDING_START[0]).abs() <= TOLERANCE);
+}
+
 #[test]
 fn tracing_changes_nothing_and_the_embedding_still_matches() {
     let fixture = fixture();

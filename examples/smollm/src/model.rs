@@ -193,7 +193,26 @@ impl RmsNorm {
         if bugs::injected_at(Bug::RmsEpsilon, layer) {
             return candle_nn::ops::rms_norm(x, &self.weight, self.misread_eps);
         }
+        if bugs::injected_at(Bug::RmsSumReassociated, layer) {
+            return self.forward_sum_halves(x);
+        }
         self.forward(x)
+    }
+
+    /// [`forward`](Self::forward) as candle computes it on the CPU, but for the sum of squares
+    /// of each row, taken as the sum of its two halves' sums ([`Bug::RmsSumReassociated`]).
+    fn forward_sum_halves(&self, x: &Tensor) -> Result<Tensor> {
+        let values = x.flatten_all()?.to_vec1::<f32>()?;
+        let alpha = self.weight.to_vec1::<f32>()?;
+        let n = alpha.len();
+        let mut out = Vec::with_capacity(values.len());
+        for row in values.chunks_exact(n) {
+            let (first, second) = row.split_at(n / 2);
+            let half = |part: &[f32]| part.iter().map(|v| v * v).sum::<f32>();
+            let m = ((half(first) + half(second)) / n as f32 + self.eps).sqrt();
+            out.extend(row.iter().zip(&alpha).map(|(s, a)| s / m * a));
+        }
+        Tensor::from_vec(out, x.shape(), x.device())
     }
 }
 

@@ -90,10 +90,30 @@ impl GoldenHeader {
 }
 
 /// This machine as far as the rounding of a program's floats can depend on it: the
-/// architecture and the vector instructions that the libraries' kernels pick at run time
-/// (`x86_64 avx avx2 fma avx512f`, `aarch64 neon`). Two machines with the same string run the
-/// same kernels; a program built alike computes the same bits on both.
+/// architecture, the vector instructions that libraries pick their kernels by at run time, and
+/// the processor's model (matrix multiplications block their sums by its cache sizes), as in
+/// `x86_64 avx avx2 fma f16c; AMD EPYC 9654 96-Core Processor` (the model where the system
+/// says it: Linux's `/proc/cpuinfo`). Two machines with the same string run the same kernels
+/// the same way; a program built alike computes the same bits on both.
 pub fn machine() -> String {
+    let instructions = instructions();
+    match cpu_model() {
+        Some(model) => format!("{instructions}; {model}"),
+        None => instructions,
+    }
+}
+
+/// The processor's model name, where the system says it.
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = info.lines().find(|line| line.starts_with("model name"))?;
+    let (_, name) = line.split_once(':')?;
+    let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!name.is_empty()).then_some(name)
+}
+
+/// The architecture and its vector instructions.
+fn instructions() -> String {
     let mut parts = vec![std::env::consts::ARCH];
     #[cfg(target_arch = "x86_64")]
     {
