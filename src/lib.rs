@@ -161,6 +161,27 @@
 //! model's forward pass runs). A pattern that matches no tracepoint is reported when the
 //! session starts.
 //!
+//! # Golden traces in tests
+//!
+//! With `enabled`, `golden::check` answers "did my change move the numbers, and where?" in
+//! `cargo test`: it runs a closure (a forward pass, a few greedy tokens) in a session of its
+//! own, compares every layer's stages, attention probabilities and logits with a golden file
+//! committed beside the test, and panics naming the first tensor that differs (pass, layer,
+//! stage), with this run's trace written beside the golden file and the `model-trace diff`
+//! command that compares them. `MODEL_TRACE_BLESS=1 cargo test` writes the golden files; a
+//! missing one is written and fails the test, except under CI. Bit-exact on the machine that
+//! blessed the file, by statistics within a stated tolerance on another one (the `golden`
+//! module, with `enabled`):
+//!
+//! ```no_run
+//! # #[cfg(feature = "enabled")] {
+//! # fn generate(_: &str, _: usize) -> String { String::new() }
+//! let text = model_trace::golden::check("tests/golden/paris.ndjson", || {
+//!     generate("The capital of France is", 4)
+//! });
+//! # }
+//! ```
+//!
 //! # What goes wrong is said
 //!
 //! Tracing never panics and never changes what the model computes, so what it cannot do is

@@ -11,7 +11,7 @@
 //! tensors; `intervene` holds what a session's interventions select and do to the tensors
 //! tracepoints see (and replays a reference's captures); `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
 //! own [`TraceSink`]); the thread-local [`Session`] (`session`) owns the pass and layer context
-//! and hands each [`Event`] to its sinks; [`golden`] (with `enabled`) runs a test's closure in a
+//! and hands each [`Event`] to its sinks; `golden` (with `enabled`) runs a test's closure in a
 //! session and compares it with a committed golden file; `__private` is what generated code calls.
 
 #![deny(unsafe_op_in_unsafe_fn)]

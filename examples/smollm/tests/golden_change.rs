@@ -30,6 +30,7 @@ fn a_reassociated_sum_in_layer_12_rms_norm_is_named_by_the_golden_check() {
         panic!("the reassociated sum must fail the check: {outcome:?}");
     };
     let message = mismatch.to_string();
+    eprintln!("{message}");
     let first = mismatch.first.as_ref().expect("a first difference");
     assert_eq!(
         (first.pass, first.layer, first.name.as_str()),

@@ -38,7 +38,7 @@
 //! fingerprints; no attention rows, no quantization or KV-cache records), in a session that
 //! ignores `MODEL_TRACE` and the other environment variables, so a developer's settings do not
 //! change what a test compares. [`Golden::config`] and [`Golden::filter`] choose otherwise.
-//! The file format is the golden format of [`GoldenHeader`](crate::GoldenHeader): one line
+//! The file format is the golden format of [`GoldenHeader`]: one line
 //! per layer of a pass, about 80 KB for SmolLM2-135M's 30 layers over 4 passes, read by every
 //! `model-trace` command.
 
@@ -130,7 +130,7 @@ impl Golden {
     }
 
     /// Compares by statistics, each within `rtol` times its scale (and the absolute
-    /// tolerance, [`DEFAULT_ATOL`](crate::DEFAULT_ATOL) unless [`atol`](Self::atol) sets it),
+    /// tolerance, [`DEFAULT_ATOL`](crate::compare::DEFAULT_ATOL) unless [`atol`](Self::atol) sets it),
     /// on every machine.
     pub fn rtol(mut self, rtol: f64) -> Self {
         self.tolerances
@@ -141,7 +141,7 @@ impl Golden {
     }
 
     /// Compares by statistics with this absolute tolerance (and the relative one,
-    /// [`DEFAULT_RTOL`](crate::DEFAULT_RTOL) unless [`rtol`](Self::rtol) sets it).
+    /// [`DEFAULT_RTOL`](crate::compare::DEFAULT_RTOL) unless [`rtol`](Self::rtol) sets it).
     pub fn atol(mut self, atol: f64) -> Self {
         self.tolerances
             .get_or_insert_with(default_tolerances)
