@@ -75,12 +75,16 @@ def converter() -> Path:
         prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
         wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/")
         target = Path(staging) / "convert"
+        # tarfile's extraction filters came with Python 3.11.4 (Debian 12 has 3.11.2): where there
+        # are none, only regular files whose path stays inside the target are extracted anyway.
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         with tarfile.open(sdist) as archive:
             for member in archive:
                 relative = member.name[len(prefix):] if member.name.startswith(prefix) else None
-                if relative and member.isfile() and relative.startswith(wanted):
+                if (relative and member.isfile() and relative.startswith(wanted)
+                        and ".." not in Path(relative).parts):
                     member.name = relative
-                    archive.extract(member, target, filter="data")
+                    archive.extract(member, target, **safe)
         if not (CONVERTER / "convert_hf_to_gguf.py").is_file():
             target.rename(CONVERTER)
     return CONVERTER
