@@ -1435,9 +1435,9 @@ fn describe(
             format!(", {} criterion", p.error_stat)
         },
         if p.method == "elementwise" {
-            "value by value (both captured)"
+            "value by value (both captured)".to_owned()
         } else {
-            "by summaries (statistics, sketch, samples)"
+            summaries_compared(&p.checks)
         }
     );
     if let Some(factor) = floor_factor {
@@ -1603,4 +1603,18 @@ pub(crate) fn ratio_text(ratio: f64) -> String {
     } else {
         format!("{ratio:.3}")
     }
+}
+
+/// `by summaries (statistics, sketch, samples)`, naming only what both summaries had (a golden
+/// file keeps statistics alone).
+fn summaries_compared(checks: &[trace_runtime::compare::Check]) -> String {
+    let had = |prefix: &str| checks.iter().any(|c| c.what.starts_with(prefix));
+    let mut parts = vec!["statistics"];
+    if had("sketch") {
+        parts.push("sketch");
+    }
+    if had("head") || had("tail") {
+        parts.push("samples");
+    }
+    format!("by summaries ({})", parts.join(", "))
 }
