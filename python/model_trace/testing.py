@@ -13,7 +13,7 @@ by the other and by every ``model-trace`` command::
 
 A golden file keeps, per pass, every layer's stages, attention probabilities and logits (shape,
 short fingerprint, mean, std, min, max, and the logits' top tokens), one line per layer.
-``MODEL_TRACE_BLESS=1`` writes (or rewrites) it from the trace; a missing one is written and the
+``MODEL_TRACE_BLESS=1`` writes (or rewrites) it from the trace (under CI too); a missing one is written and the
 assertion fails ("review and commit it"), except under CI (``CI`` set), where it fails without
 writing. On the machine that blessed it the check is bit-exact (every fingerprint equal); with a
 tolerance asked for, or on a machine with other vector instructions or another processor model
@@ -199,7 +199,9 @@ class GoldenMismatch(AssertionError):
 
 @dataclass(frozen=True)
 class GoldenMatch:
-    """A check that passed: how many tensors, how many bit-identical, and how it compared."""
+    """A check that passed: how many tensors, how many bit-identical, whether it blessed, the
+    tolerance ``(rtol, atol)`` it compared the statistics within (None: bit-exact) and the machine
+    that blessed the golden file when it is not this one."""
 
     tensors: int
     bit_identical: int
@@ -275,14 +277,17 @@ def assert_matches_golden(trace: Path_, golden: Path_, *, rtol: Optional[float] 
     lines = [f"golden check failed: {golden}"]
     if first is not None:
         lines.append(f"  first difference: {first[0].describe()}: {first[1]}")
-    lines.append(f"  compared {mode}: {differing} of {compared} tensors differ, {identical} bit-identical")
+    within = compared - differing - identical
+    within_text = f", {within} within tolerance" if within else ""
+    lines.append(f"  compared {mode}: {differing} of {compared} tensors differ{within_text}, {identical} bit-identical")
     for what, tensors in (("only in the golden file", missing), ("only in this run", extra)):
         if tensors:
             lines.append(f"  {len(tensors)} {what}, the first {tensors[0].describe()}")
     flags = "--atol 0 --rtol 0 " if tolerance is None else f"--atol {tolerance[1]} --rtol {tolerance[0]} "
     lines.append(f"  this run's golden file: {new_path}")
     lines.append(f"  see every tensor:       model-trace diff {flags}{golden} {new_path}")
-    lines.append(f"  accept this run:        {BLESS_ENV_VAR}=1 pytest (then review the golden file's diff and commit it)")
+    lines.append(f"  accept this run:        run this test again with {BLESS_ENV_VAR}=1, then review the golden file's diff "
+                 "and commit it")
     raise GoldenMismatch("\n".join(lines))
 
 
@@ -294,8 +299,9 @@ def _difference(want: GoldenTensor, got: GoldenTensor, tolerance: Optional[Tuple
         return f"NaN and infinity counts ({want.nan}, {want.inf}) became ({got.nan}, {got.inf})"
     rms = (want.std ** 2 + want.mean ** 2) ** 0.5
     magnitude = max(abs(want.min), abs(want.max))
-    checks = [("mean", want.mean, got.mean, rms), ("std", want.std, got.std, rms),
-              ("min", want.min, got.min, magnitude), ("max", want.max, got.max, magnitude)]
+    # In the order the Rust check lists them, so that both name the same statistic.
+    checks = [("min", want.min, got.min, magnitude), ("max", want.max, got.max, magnitude),
+              ("mean", want.mean, got.mean, rms), ("std", want.std, got.std, rms)]
     if tolerance is None:
         changed = next(((what, a, b) for what, a, b, _ in checks if a != b), None)
         if changed is None:

@@ -19,9 +19,11 @@
 //! ```
 //!
 //! - **Blessing.** `MODEL_TRACE_BLESS=1 cargo test` writes (or rewrites) the golden files
-//!   from this run. A missing golden file is written and the test fails ("review and commit
-//!   it"), except under CI (`CI` set, as CI services set it), where it fails without writing:
-//!   a golden file is made where someone can look at it.
+//!   from this run (also under CI: it is asked for). A missing golden file is written and the
+//!   test fails ("review and commit it"), except under CI (`CI` set, as CI services set it),
+//!   where it fails without writing: a golden file is made where someone can look at it.
+//! - **One golden file per check.** A passing check removes the `.new` trace a failed check of
+//!   the same file left; two checks of one file in one run would remove each other's.
 //! - **Bit-exact on the machine that blessed it.** A golden file records the machine it was
 //!   made on ([`machine`](crate::machine): the architecture and the vector instructions that
 //!   libraries pick kernels by). There the check passes only if every tensor has the same
@@ -543,9 +545,17 @@ impl fmt::Display for GoldenMismatch {
             ),
             (Some(t), None) => format!("by statistics within rtol {} atol {}", t.rtol, t.atol),
         };
+        let within = self
+            .compared
+            .saturating_sub(self.differing + self.bit_identical);
+        let within = if within > 0 {
+            format!(", {within} within tolerance")
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "  compared {mode}: {} of {} tensors differ, {} bit-identical",
+            "  compared {mode}: {} of {} tensors differ{within}, {} bit-identical",
             self.differing, self.compared, self.bit_identical
         )?;
         for (what, keys) in [
@@ -567,7 +577,8 @@ impl fmt::Display for GoldenMismatch {
         )?;
         write!(
             f,
-            "  accept this run:   {BLESS_ENV_VAR}=1 cargo test (then review the golden file's diff and commit it)"
+            "  accept this run:   run this test again with {BLESS_ENV_VAR}=1, then review the golden \
+             file's diff and commit it"
         )
     }
 }
