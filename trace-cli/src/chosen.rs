@@ -150,8 +150,10 @@ pub(crate) enum TokenVerdict {
     /// The other's logits are within tolerance and the two tokens' logits moved against each
     /// other by no more than that error allows: rounding flipped a close choice.
     NearTie,
-    /// The other's logits are out of tolerance, or the flip is larger than their error allows.
-    Divergence,
+    /// The other's logits are out of tolerance, or the flip is larger than their error allows
+    /// (`divergence`).
+    #[serde(rename = "divergence")]
+    Diverged,
     /// No logits error to judge by (neither run's logits compared: the choices are known from
     /// the tokens consumed).
     Unknown,
@@ -218,9 +220,9 @@ impl FirstTokenDivergence {
             .map(|e| NEAR_TIE_SIGMAS * std::f64::consts::SQRT_2 * e.rms_error);
         let verdict = match (&logits_error, flip.or(over_other), near_tie_limit) {
             (None, ..) => TokenVerdict::Unknown,
-            (Some(e), ..) if !e.within_tolerance => TokenVerdict::Divergence,
+            (Some(e), ..) if !e.within_tolerance => TokenVerdict::Diverged,
             (Some(_), Some(flip), Some(limit)) if flip <= limit => TokenVerdict::NearTie,
-            (Some(_), ..) => TokenVerdict::Divergence,
+            (Some(_), ..) => TokenVerdict::Diverged,
         };
         let decisive_layer = decisive_layer(&waiting.logits[1], other, reference);
         Self {
@@ -308,7 +310,7 @@ impl FirstTokenDivergence {
                 number(self.flip.or(self.reference_margin_over_other)),
                 number(self.near_tie_limit)
             ),
-            TokenVerdict::Divergence => match &self.logits_error {
+            TokenVerdict::Diverged => match &self.logits_error {
                 Some(e) if !e.within_tolerance => {
                     "  verdict: divergence: the other's logits are out of tolerance\n".to_owned()
                 }
@@ -338,7 +340,7 @@ fn logits_error(pair: &TensorComparison, reference: &LogitsRecord) -> Option<Log
     let relative_error = pair.error.relative_error?;
     let n = reference.count.max(1) as f64;
     let rms_error = relative_error * f64::from(reference.l2_norm) / n.sqrt();
-    let ratio = crate::compared::ratio(pair);
+    let ratio = pair.ratio();
     Some(LogitsError {
         relative_error,
         exact: pair.error.exact,

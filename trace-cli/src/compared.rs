@@ -237,7 +237,7 @@ fn worst_per_layer<'a>(
 ) -> BTreeMap<usize, (&'a Judged, f64)> {
     let mut layers: BTreeMap<usize, (&Judged, f64)> = BTreeMap::new();
     for judged in pairs {
-        let r = ratio(&judged.pair);
+        let r = judged.pair.ratio();
         let row = layers.entry(judged.pair.layer).or_insert((judged, r));
         if r > row.1 {
             *row = (judged, r);
@@ -813,7 +813,7 @@ impl Found {
             let pair = &judged.pair;
             self.counts.count(pair.verdict);
             self.saw(pair.layer, &pair.name);
-            row.worst_ratio = row.worst_ratio.max(ratio(pair));
+            row.worst_ratio = row.worst_ratio.max(pair.ratio());
             if pair.verdict.is_divergence() {
                 row.diverged += 1;
                 let fed = self.inputs_fed && pair.name == "input";
@@ -1588,13 +1588,6 @@ pub(crate) fn before_first_layer(pair: &TensorComparison) -> bool {
 }
 
 /// The ratio of a pair for tables: 0 for bit-identical, infinite for a shape mismatch.
-pub(crate) fn ratio(pair: &TensorComparison) -> f64 {
-    match pair.verdict {
-        Verdict::ShapeMismatch => f64::INFINITY,
-        _ => pair.worst_ratio(),
-    }
-}
-
 pub(crate) fn ratio_text(ratio: f64) -> String {
     if ratio.is_infinite() {
         "∞".to_owned()

@@ -173,7 +173,7 @@ impl<'a> Local<'a> {
                 pass: pair.pass,
                 layer: pair.layer,
                 stage: &pair.name,
-                ratio: crate::compared::ratio(pair),
+                ratio: pair.ratio(),
                 relative_error: pair.error.relative_error,
             }),
             local_table_pass: isolated.table_pass(),

@@ -73,7 +73,7 @@ impl GoldenHeader {
 
     /// As a trace header, for readers of traces: its `metadata.extra` holds `golden_machine`.
     pub(crate) fn trace_header(&self) -> TraceHeader {
-        let mut header = super::reader::placeholder_header();
+        let mut header = TraceHeader::placeholder();
         header.format.clone_from(&self.format);
         header.schema = self.version;
         header.writer = format!("{GOLDEN_FORMAT_NAME} {}", self.version);

@@ -173,7 +173,7 @@ impl<R: BufRead> TraceReader<R> {
         let mut reader = Self {
             input,
             source_name,
-            header: placeholder_header(),
+            header: TraceHeader::placeholder(),
             line: 0,
             buffer: String::new(),
             done: false,
@@ -404,29 +404,4 @@ fn leading_tag(line: &str) -> Option<&str> {
     let rest = line.strip_prefix("{\"event\":\"")?;
     let end = rest.find('"')?;
     Some(&rest[..end])
-}
-
-pub(super) fn placeholder_header() -> TraceHeader {
-    TraceHeader {
-        format: String::new(),
-        schema: 0,
-        writer: String::new(),
-        session: 0,
-        process_id: 0,
-        thread: crate::record::ThreadInfo { id: 0, name: None },
-        clock: crate::record::Clock {
-            epoch_unix_ns: 0,
-            session_start_ns: 0,
-        },
-        config: crate::config::ModelTracerConfig::default(),
-        filter: String::new(),
-        capture: String::new(),
-        tracepoints: Vec::new(),
-        metadata: crate::record::RunMetadata::default(),
-        run: String::new(),
-        rank: None,
-        world_size: None,
-        interventions: Vec::new(),
-        isolate: None,
-    }
 }

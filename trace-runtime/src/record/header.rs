@@ -156,3 +156,32 @@ pub struct RunMetadata {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, String>,
 }
+
+impl TraceHeader {
+    /// A header of nothing (no session, no tracepoints), for a reader until it has read the
+    /// real one, and the base of the header a golden file stands for.
+    pub(crate) fn placeholder() -> Self {
+        Self {
+            format: String::new(),
+            schema: 0,
+            writer: String::new(),
+            session: 0,
+            process_id: 0,
+            thread: ThreadInfo { id: 0, name: None },
+            clock: Clock {
+                epoch_unix_ns: 0,
+                session_start_ns: 0,
+            },
+            config: ModelTracerConfig::default(),
+            filter: String::new(),
+            capture: String::new(),
+            tracepoints: Vec::new(),
+            metadata: RunMetadata::default(),
+            run: String::new(),
+            rank: None,
+            world_size: None,
+            interventions: Vec::new(),
+            isolate: None,
+        }
+    }
+}

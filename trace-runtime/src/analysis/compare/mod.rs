@@ -371,6 +371,15 @@ impl TensorComparison {
     pub fn worst_ratio(&self) -> f64 {
         self.checks.iter().map(Check::ratio).fold(0.0, f64::max)
     }
+
+    /// How far out of tolerance the pair is: its [`worst_ratio`](Self::worst_ratio), infinite
+    /// for a shape mismatch (no check measures one).
+    pub fn ratio(&self) -> f64 {
+        match self.verdict {
+            Verdict::ShapeMismatch => f64::INFINITY,
+            _ => self.worst_ratio(),
+        }
+    }
 }
 
 /// Which tensor of a trace: what two traces' tensors are matched by.
