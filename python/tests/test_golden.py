@@ -135,3 +135,7 @@ def test_the_rust_golden_check_and_this_one_write_the_same_golden_file_for_the_r
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "964 tensors" in result.stdout, result.stdout
+    listed = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "list", str(copy)],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert listed.returncode == 0, listed.stderr
+    assert "golden file, version 1" in listed.stdout and f'made on "{header["machine"]}"' in listed.stdout, listed.stdout

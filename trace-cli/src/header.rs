@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use trace_runtime::ModelTracerConfig;
+use trace_runtime::{ModelTracerConfig, GOLDEN_FORMAT_NAME};
 
 use crate::input::TraceRun;
 use crate::load;
@@ -18,6 +18,25 @@ pub(crate) fn describe_header(
     colors: &Colors,
 ) -> std::fmt::Result {
     let header = run.header();
+    if header.format == GOLDEN_FORMAT_NAME {
+        // No session, times, configuration or filter: a golden file keeps none of them.
+        let machine = header.metadata.extra.get("golden_machine");
+        writeln!(
+            out,
+            "{} {} ({}, golden file, version {})",
+            colors.bold("trace:"),
+            run.label,
+            load::file_size(bytes),
+            header.schema
+        )?;
+        return writeln!(
+            out,
+            "{} every layer's stages, attention and logits as statistics and short fingerprints \
+             (no times, attention rows or session), made on {:?}",
+            colors.bold("golden:"),
+            machine.map_or("an unnamed machine", String::as_str)
+        );
+    }
     writeln!(
         out,
         "{} {} ({}, schema {}, written by {})",
