@@ -54,7 +54,7 @@ use crate::analysis::compare::{
     Verdict,
 };
 use crate::config::{AttentionTraceConfig, DigestPolicy, ModelTracerConfig};
-use crate::format::{write_atomically, GoldenEncoder, GoldenHeader, ReadError, TraceReader};
+use crate::format::{write_atomically, GoldenEncoder, ReadError, TraceReader};
 use crate::record::{Event, TraceHeader};
 use crate::session::{RecordError, Session, SessionError};
 use crate::sink::{SinkError, TraceSink};
@@ -427,7 +427,7 @@ impl Recorder {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .unwrap_or_else(|| GoldenEncoder::new(&GoldenHeader::this_machine()));
+            .unwrap_or_default();
         let tensors = encoder.tensors();
         (encoder.finish(), tensors)
     }
@@ -442,7 +442,7 @@ impl TraceSink for Recorder {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert_with(|| GoldenEncoder::new(&GoldenHeader::this_machine()))
+            .get_or_insert_with(GoldenEncoder::default)
             .event(event);
         Ok(())
     }
