@@ -40,7 +40,7 @@
 //! fingerprints; no attention rows, no quantization or KV-cache records), in a session that
 //! ignores `MODEL_TRACE` and the other environment variables, so a developer's settings do not
 //! change what a test compares. [`Golden::config`] and [`Golden::filter`] choose otherwise.
-//! The file format is the golden format of [`GoldenHeader`]: one line
+//! The file format is the golden format of [`GoldenHeader`](crate::GoldenHeader): one line
 //! per layer of a pass, about 80 KB for SmolLM2-135M's 30 layers over 4 passes, read by every
 //! `model-trace` command.
 
