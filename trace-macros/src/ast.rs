@@ -201,6 +201,17 @@ impl TracedFn {
         })
     }
 
+    /// Whether the method takes `self` by value (`self`, `mut self`, `self: Box<Self>`), not
+    /// through a reference.
+    pub(crate) fn self_by_value(&self) -> bool {
+        self.func.sig.inputs.iter().any(|arg| match arg {
+            FnArg::Receiver(receiver) => {
+                receiver.reference.is_none() && !matches!(&*receiver.ty, Type::Reference(_))
+            }
+            FnArg::Typed(_) => false,
+        })
+    }
+
     /// How an intervention can change the parameter `ident`, if at all: an owned value in
     /// place, a shared reference through a copy of its own that the parameter is shadowed
     /// with. Not a `&mut` (the caller's tensor would change), nor a `ref` binding, nor a

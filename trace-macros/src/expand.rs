@@ -205,7 +205,7 @@ impl TracedFn {
             FnArgs::Quant(args) => {
                 let call = self.reference_call(&args.reference);
                 vec![quote! {
-                    #[allow(clippy::used_underscore_binding)]
+                    #[allow(clippy::used_underscore_binding, clippy::clone_on_copy, clippy::redundant_clone)]
                     let _ = #call;
                 }]
             }
@@ -279,7 +279,7 @@ impl TracedFn {
             FnArgs::Quant(args) => {
                 let call = self.reference_call(&args.reference);
                 quote! {
-                    #[allow(clippy::used_underscore_binding)]
+                    #[allow(clippy::used_underscore_binding, clippy::clone_on_copy, clippy::redundant_clone)]
                     let __trace_reference = if __TRACE_CALLSITE.is_active() {
                         ::core::option::Option::Some(#call)
                     } else {
@@ -410,10 +410,18 @@ impl TracedFn {
         }
     }
 
-    /// `reference(args...)` with the function's own arguments.
+    /// `reference(args...)` with the function's own arguments. It runs before the body, so
+    /// what the body takes by value (a burn tensor, `self`) is given as a clone; a parameter
+    /// whose type is not `Clone` is then a compile error on its name.
     fn reference_call(&self, reference: &ExprPath) -> TokenStream {
         let args = self.params.iter().filter_map(|param| match param {
+            Param::Receiver(self_token) if self.self_by_value() => {
+                Some(quote_spanned!(self_token.span=> ::core::clone::Clone::clone(&#self_token)))
+            }
             Param::Receiver(self_token) => Some(self_token.to_token_stream()),
+            Param::Named(ident) if matches!(self.passing(ident), Some(Passing::Owned { .. })) => {
+                Some(quote_spanned!(ident.span()=> ::core::clone::Clone::clone(&#ident)))
+            }
             Param::Named(ident) => Some(ident.to_token_stream()),
             Param::Unnamed(_) => None,
         });

@@ -1,4 +1,5 @@
-//! `#[trace_quant]`: `reference` gets the same arguments (`self` included) before the body.
+//! `#[trace_quant]`: `reference` gets the same arguments (`self` included) before the body;
+//! what the body takes by value (as burn's tensors are), a clone of it.
 #![deny(warnings)]
 
 use model_trace::{trace_quant, ModelTracerConfig, QuantType, Session};
@@ -26,6 +27,24 @@ impl Linear {
     }
 }
 
+/// Takes itself and its input by value, as a burn block takes its tensors.
+#[derive(Clone)]
+struct Scale {
+    factor: f32,
+}
+
+impl Scale {
+    fn apply_f32(self, x: Vec<f32>, _times: u8) -> Vec<f32> {
+        x.into_iter().map(|v| v * self.factor).collect()
+    }
+
+    #[trace_quant(reference = Self::apply_f32, quant = Q8_0)]
+    fn apply(self, x: Vec<f32>, times: u8) -> Vec<f32> {
+        let rounded: Vec<f32> = x.into_iter().map(|v| (v * 2.0).round() / 2.0).collect();
+        self.apply_f32(rounded, times)
+    }
+}
+
 fn main() {
     let linear = Linear {
         weight: vec![0.3, 0.7],
@@ -33,6 +52,7 @@ fn main() {
     let session = Session::with_filter(ModelTracerConfig::full(), "").unwrap();
     assert_eq!(linear.forward(&[1.0, 1.0]), vec![0.25, 0.75]);
     assert!(linear.forward_checked(&[1.0, 1.0]).is_ok());
+    assert_eq!(Scale { factor: 2.0 }.apply(vec![0.3], 1), vec![1.0]);
     let tracer = session.finish();
     if !model_trace::tracepoints().is_empty() {
         let traces = &tracer.quant_traces()[0].traces;
@@ -41,5 +61,7 @@ fn main() {
         assert!(traces[0].cosine_similarity < 1.0);
         assert_eq!(traces[1].quant_type, QuantType::Q8_0);
         assert_eq!(traces[1].cosine_similarity, 1.0);
+        assert_eq!(traces[2].quant_type, QuantType::Q8_0);
+        assert!(traces[2].max_abs_error > 0.3);
     }
 }
