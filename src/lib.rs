@@ -47,8 +47,9 @@
 //! # A model, annotated
 //!
 //! A two-block model on `Vec<f32>`. [`TraceTensor`] reads `[f32]`, `Vec<f32>`, arrays,
-//! [`TensorRef`] (a flat slice with a shape), and, with the `candle` and `ndarray` features,
-//! `candle_core::Tensor` and `ndarray` arrays. Arguments that are not tensors (the position,
+//! [`TensorRef`] (a flat slice with a shape), and, with the `candle`, `burn` and `ndarray`
+//! features, `candle_core::Tensor`, burn's float `burn_tensor::Tensor<D>` (any backend; taken by
+//! value as burn code takes it) and `ndarray` arrays. Arguments that are not tensors (the position,
 //! a config) are ignored without being listed. With the `cuda` feature, candle's CUDA tensors are
 //! summarised on the GPU and read back once per forward pass, when the `#[trace_model]` function
 //! returns (see [`TraceTensor::start_summary`]); the pass's records reach the sinks then.
@@ -240,8 +241,10 @@ pub use trace_runtime::*;
 /// - `position = EXPR`: the position of the pass (any integer type); by default the passes of
 ///   the session are counted 0, 1, 2, ...
 /// - `tokens = EXPR`: the token ids the pass consumes, a borrow of them ([`PassTokens`]:
-///   `&[u32]`, `&Vec<i64>`, an array of any integer type, and with the `candle` feature an
-///   integer `&Tensor`, `[seq]` or `[batch, seq]`, whose rows are taken one after another),
+///   `&[u32]`, `&Vec<i64>`, an array of any integer type, and with the `candle` or `burn`
+///   feature an integer `&Tensor` (burn's `&Tensor<1, Int>` or `&Tensor<2, Int>`: a burn model
+///   that takes its ids by value writes `tokens = &ids`), `[seq]` or `[batch, seq]`, whose rows
+///   are taken one after another),
 ///   written as `tokens` in the pass's `pass_begin` event, so that a reference implementation
 ///   can be run on exactly these tokens; absent when not given. Read when the pass begins, and
 ///   only when it is traced (a device's tensor is copied to the host then). Ids that cannot be

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const FIXTURE: &str = include_str!("fixtures/codegen_off/main.rs");
+/// A burn model's shapes (tensors by value, `tokens = &ids`), on burn-tensor without a backend.
+const BURN_FIXTURE: &str = include_str!("fixtures/codegen_off/burn.rs");
 
 /// The source without its annotations, line for line: an attribute or an inline macro's line
 /// becomes empty, and `let h = model_trace::trace_stage!("s", h);`, whose value the program
@@ -43,10 +45,12 @@ fn blank_stage(line: &str) -> Option<String> {
     Some(format!("{binding}= {value};"))
 }
 
-fn manifest(facade: &Path) -> String {
+/// `dependencies`: the lines after model-trace's in `[dependencies]`.
+fn manifest(facade: &Path, features: &str, dependencies: &str) -> String {
     format!(
         "[package]\nname = \"codegen-off\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
-         [dependencies]\nmodel-trace = {{ path = {facade:?} }}\n\n[workspace]\n"
+         [dependencies]\nmodel-trace = {{ path = {facade:?}, features = [{features}] }}\n{dependencies}\n\
+         [workspace]\n"
     )
 }
 
@@ -70,30 +74,47 @@ fn text_section(dir: &Path, source: &str) -> Vec<u8> {
     text.data().expect(".text data").to_vec()
 }
 
-#[test]
-fn annotations_compile_to_nothing_when_tracing_is_off() {
+/// Builds `source` in a crate of its own under `name`, annotated and blanked, and compares.
+fn assert_annotations_compile_to_nothing(name: &str, source: &str, manifest: &str) {
     let facade = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("codegen-off");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(dir.join("src")).expect("create fixture crate");
-    std::fs::write(dir.join("Cargo.toml"), manifest(&facade)).expect("write manifest");
+    std::fs::write(dir.join("Cargo.toml"), manifest).expect("write manifest");
     // Copied every run: cargo prunes the copy to this crate's packages, keeping their versions.
     std::fs::copy(facade.join("Cargo.lock"), dir.join("Cargo.lock")).expect("copy lock file");
 
-    let blanked = blank_annotations(FIXTURE);
-    assert_eq!(blanked.lines().count(), FIXTURE.lines().count());
-    assert_ne!(blanked, FIXTURE, "the fixture has annotations to blank");
-    assert!(
-        blanked.contains("let probs = probs;"),
-        "the returned stage is blanked to its value"
-    );
+    let blanked = blank_annotations(source);
+    assert_eq!(blanked.lines().count(), source.lines().count());
+    assert_ne!(blanked, source, "the fixture has annotations to blank");
 
-    let annotated_text = text_section(&dir, FIXTURE);
+    let annotated_text = text_section(&dir, source);
     let blanked_text = text_section(&dir, &blanked);
     assert!(!annotated_text.is_empty());
     assert!(
         annotated_text == blanked_text,
-        ".text differs: {} bytes annotated, {} bytes blanked",
+        "{name}: .text differs: {} bytes annotated, {} bytes blanked",
         annotated_text.len(),
         blanked_text.len()
     );
+}
+
+#[test]
+fn annotations_compile_to_nothing_when_tracing_is_off() {
+    let facade = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        blank_annotations(FIXTURE).contains("let probs = probs;"),
+        "the returned stage is blanked to its value"
+    );
+    assert_annotations_compile_to_nothing("codegen-off", FIXTURE, &manifest(&facade, "", ""));
+}
+
+/// The same for burn code, with the `burn` feature: burn-tensor in the version of the
+/// workspace's lock file, without a backend (the fixture is built, not run).
+#[test]
+fn burn_annotations_compile_to_nothing_when_tracing_is_off() {
+    let facade = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let burn =
+        "burn-tensor = { version = \"0.22.1\", default-features = false, features = [\"std\"] }";
+    let manifest = manifest(&facade, "\"burn\"", burn);
+    assert_annotations_compile_to_nothing("codegen-off-burn", BURN_FIXTURE, &manifest);
 }

@@ -16,6 +16,8 @@ pub use deferred::{PendingSummary, SummaryRequest};
 pub(crate) use summarize::{summarize, takes_digest, ValuesReader};
 pub use tokens::{PassTokens, TokensError};
 
+#[cfg(feature = "burn")]
+mod burn;
 #[cfg(feature = "candle")]
 mod candle;
 #[cfg(feature = "cuda")]

@@ -8,15 +8,16 @@ use super::TensorError;
 /// A borrow of the token ids one forward pass consumes, as `#[trace_model(tokens = EXPR)]`
 /// takes them: `&[u32]`, `&Vec<u32>`, `&[u32; N]` or `[u32; N]`, and the same of any other
 /// integer type (`u8` to `u64`, `i8` to `i64`, `usize`, `isize`); with the `candle` feature, a
-/// `&candle_core::Tensor` of an integer dtype, `[seq]` or `[batch, seq]`, on any device.
+/// `&candle_core::Tensor` of an integer dtype, `[seq]` or `[batch, seq]`, on any device; with
+/// the `burn` feature, a `&burn_tensor::Tensor<1, Int>` or `&Tensor<2, Int>` (a burn model that
+/// takes its ids by value writes `tokens = &ids`).
 ///
 /// Ids are read in order; a `[batch, seq]` tensor gives its rows one after another (the trace
 /// does not mark where a row ends: the layers' shapes say the batch). Implement it for a borrow
 /// of your own type of ids.
 #[diagnostic::on_unimplemented(
     message = "`tokens` takes a borrow of the pass's token ids (`&[u32]`, `&Vec<i64>`, an \
-               array of integers, or an integer `&Tensor` with the `candle` feature), not \
-               `{Self}`",
+               array of integers, or an integer `&Tensor` of candle or burn), not `{Self}`",
     label = "expected token ids"
 )]
 pub trait PassTokens {
