@@ -1,0 +1,159 @@
+//! The annotated burn MiniLM tells the truth about itself: inside a full model-trace session it
+//! computes exactly what it computes untraced; its records hold its token ids, every layer's
+//! stages and attention, with the statistics of the candle port's records; and interventions
+//! change the tensors it takes and returns by value. Both backends; real weights.
+#![cfg(feature = "trace")]
+
+mod common;
+
+use common::{burn_values, candle_port, fixture, SENTENCE_IDS};
+use minilm_burn::Backend;
+use model_trace::{
+    Action, Event, ModelTracer, ModelTracerConfig, Session, TensorStats, TraceFilter, TraceReader,
+};
+
+const LAYERS: usize = 6;
+const HEADS: usize = 12;
+const TOKENS: usize = 7;
+
+/// Runs `forward` in a session recording everything (the environment's `MODEL_TRACE` unread).
+fn traced<T>(forward: impl FnOnce() -> T) -> (T, ModelTracer) {
+    let session = Session::with_trace_filter(ModelTracerConfig::full(), TraceFilter::all());
+    let output = forward();
+    let (tracer, errors) = session.finish_with_errors();
+    assert!(
+        errors.is_empty(),
+        "tracepoints failed to record: {errors:?}"
+    );
+    (output, tracer)
+}
+
+fn bits(values: Vec<f32>) -> Vec<u32> {
+    values.into_iter().map(f32::to_bits).collect()
+}
+
+/// The largest difference of mean, std, min and max, relative to the reference's spread.
+fn stats_error(ours: &TensorStats, reference: &TensorStats) -> f32 {
+    assert_eq!(ours.count, reference.count);
+    let scale = reference
+        .std
+        .max(reference.max.abs())
+        .max(reference.min.abs());
+    [
+        ours.mean - reference.mean,
+        ours.std - reference.std,
+        ours.min - reference.min,
+        ours.max - reference.max,
+    ]
+    .into_iter()
+    .fold(0f32, |worst, d| worst.max(d.abs() / scale))
+}
+
+#[test]
+fn tracing_changes_nothing_and_records_every_layer_and_head() {
+    for backend in Backend::ALL {
+        let fixture = fixture(backend);
+        let (ids, mask) = fixture.tensors();
+        let untraced = burn_values(fixture.model.forward(ids.clone(), mask.clone()));
+        let (hidden, tracer) = traced(|| fixture.model.forward(ids, mask));
+        assert_eq!(bits(burn_values(hidden)), bits(untraced), "{backend:?}");
+
+        let passes = tracer.activation_traces();
+        assert_eq!(passes.len(), 1);
+        let indices: Vec<usize> = passes[0].layers.iter().map(|l| l.layer_idx).collect();
+        assert_eq!(indices, (0..LAYERS).collect::<Vec<_>>());
+        for layer in &passes[0].layers {
+            let names: Vec<&str> = layer.stages().map(|(name, _)| name).collect();
+            assert_eq!(
+                names,
+                ["input", "attn_out", "resid_mid", "mlp_out", "output"]
+            );
+            assert_eq!(layer.output_stats.count, TOKENS * 384);
+        }
+        let rows = tracer.attention_traces();
+        assert_eq!(
+            rows.len(),
+            LAYERS * HEADS * TOKENS,
+            "{backend:?}: a row per query"
+        );
+        let heads: std::collections::BTreeSet<(usize, usize)> =
+            rows.iter().map(|r| (r.layer_idx, r.head_idx)).collect();
+        assert_eq!(heads.len(), LAYERS * HEADS);
+    }
+}
+
+#[test]
+fn the_records_are_the_candle_ports_within_float_noise() {
+    let (candle, candle_ids, candle_mask) = candle_port();
+    let (_, reference) = traced(|| candle.forward(&candle_ids, &candle_mask).unwrap());
+    let reference = &reference.activation_traces()[0].layers;
+    for backend in Backend::ALL {
+        let fixture = fixture(backend);
+        let (ids, mask) = fixture.tensors();
+        let (_, tracer) = traced(|| fixture.model.forward(ids, mask));
+        let ours = &tracer.activation_traces()[0].layers;
+        let mut worst = 0f32;
+        for (layer, want) in ours.iter().zip(reference) {
+            for ((name, got), (want_name, want)) in layer.stages().zip(want.stages()) {
+                assert_eq!(name, want_name);
+                let error = stats_error(got, want);
+                assert!(
+                    error <= 1e-5,
+                    "{backend:?}: layer {} {name} off by {error:e}\n{got:?}\n{want:?}",
+                    layer.layer_idx
+                );
+                worst = worst.max(error);
+            }
+        }
+        eprintln!("{backend:?}: worst statistic off by {worst:.2e} of the candle port's");
+    }
+}
+
+#[test]
+fn the_trace_file_holds_the_token_ids_the_pass_consumed() {
+    let fixture = fixture(Backend::NdArray);
+    let (ids, mask) = fixture.tensors();
+    let path = std::env::temp_dir().join(format!("minilm-burn-{}.ndjson", std::process::id()));
+    let session = Session::builder(ModelTracerConfig::lightweight())
+        .trace_file(&path)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    fixture.model.forward(ids, mask);
+    let (_, errors) = session.finish_with_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+    let tokens: Vec<Option<Vec<u32>>> = TraceReader::open(&path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|event| match event.unwrap_or_else(|e| panic!("{e}")) {
+            Event::PassBegin(begin) => Some(begin.tokens),
+            _ => None,
+        })
+        .collect();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(tokens, [Some(SENTENCE_IDS.to_vec())]);
+}
+
+/// Interventions on a model whose layers take and return their tensors by value: the layer's
+/// output replaced (what the next layer receives), its input scaled (what it records).
+#[test]
+fn interventions_change_what_a_layer_takes_and_returns_by_value() {
+    for backend in Backend::ALL {
+        let fixture = fixture(backend);
+        let (ids, mask) = fixture.tensors();
+        let session = Session::builder(ModelTracerConfig::lightweight())
+            .intervene("layer=1", Action::Zero)
+            .intervene("stage=input,layer=3", Action::Scale(2.0))
+            .start()
+            .unwrap();
+        let hidden = fixture.model.forward(ids.clone(), mask.clone());
+        let (tracer, errors) = session.finish_with_errors();
+        assert!(errors.is_empty(), "{backend:?}: {errors:?}");
+        let layers = &tracer.activation_traces()[0].layers;
+        assert_eq!(layers[1].output_stats.max, 0.0);
+        assert_eq!(layers[1].output_stats.min, 0.0);
+        assert_eq!(layers[2].input_stats.max, 0.0, "layer 2 received the zeros");
+        let doubled = 2.0 * layers[2].output_stats.max;
+        assert_eq!(layers[3].input_stats.max, doubled, "{backend:?}");
+        let clean = burn_values(fixture.model.forward(ids, mask));
+        assert_ne!(bits(burn_values(hidden)), bits(clean));
+    }
+}
