@@ -248,8 +248,9 @@ pub use trace_runtime::*;
 ///   written as `tokens` in the pass's `pass_begin` event, so that a reference implementation
 ///   can be run on exactly these tokens; absent when not given. Read when the pass begins, and
 ///   only when it is traced (a device's tensor is copied to the host then). Ids that cannot be
-///   read (a float tensor, another rank, an id outside `u32`) are an error of the session,
-///   [`Session::errors`], and the pass begins without them.
+///   read (a float candle tensor, another rank, an id outside `u32`) are an error of the
+///   session, [`Session::errors`], and the pass begins without them; a float burn tensor is a
+///   compile error (`PassTokens` is implemented for burn's `Int` tensors only).
 /// - `name = "..."`: the tracepoint's name; by default the function's name.
 ///
 /// Compiled out, `position` and `tokens` are type-checked and never evaluated.
@@ -530,8 +531,9 @@ pub use trace_macros::trace_kv_cache;
 /// Arguments:
 /// - `reference = PATH` (required): a function taking the same arguments (`self` first for a
 ///   method, as in `Self::forward_f32`). It is called before the body, and only when
-///   quantization tracing is on, so it costs nothing otherwise. Arguments passed by value
-///   must be `Copy`, since both functions receive them.
+///   quantization tracing is on, so it costs nothing otherwise. What the function takes by
+///   value (`self`, a burn tensor) the reference receives as a clone, so that the body still
+///   has it: such an argument must be `Clone`.
 /// - `quant = Q4_1`: the [`QuantType`] of the computation, by its ggml name; by default it is
 ///   guessed from the output's element type.
 /// - `name = "..."`: the site's name in the record; by default the function's name.

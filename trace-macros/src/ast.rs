@@ -201,14 +201,32 @@ impl TracedFn {
         })
     }
 
-    /// Whether the method takes `self` by value (`self`, `mut self`, `self: Box<Self>`), not
-    /// through a reference.
-    pub(crate) fn self_by_value(&self) -> bool {
-        self.func.sig.inputs.iter().any(|arg| match arg {
-            FnArg::Receiver(receiver) => {
-                receiver.reference.is_none() && !matches!(&*receiver.ty, Type::Reference(_))
+    /// The type of `self` when the method takes it by value (`self`, `mut self`,
+    /// `self: Box<Self>`), not through a reference.
+    pub(crate) fn self_by_value(&self) -> Option<&Type> {
+        self.func.sig.inputs.iter().find_map(|arg| match arg {
+            FnArg::Receiver(receiver)
+                if receiver.reference.is_none() && !matches!(&*receiver.ty, Type::Reference(_)) =>
+            {
+                Some(&*receiver.ty)
             }
-            FnArg::Typed(_) => false,
+            _ => None,
+        })
+    }
+
+    /// The declared type of the parameter `ident`, where a path can name it (not an
+    /// `impl Trait`).
+    pub(crate) fn nameable_type(&self, ident: &Ident) -> Option<&Type> {
+        self.func.sig.inputs.iter().find_map(|arg| match arg {
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(binding)
+                    if binding.ident == *ident && !contains_impl_trait(&typed.ty) =>
+                {
+                    Some(&*typed.ty)
+                }
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
         })
     }
 

@@ -411,16 +411,23 @@ impl TracedFn {
     }
 
     /// `reference(args...)` with the function's own arguments. It runs before the body, so
-    /// what the body takes by value (a burn tensor, `self`) is given as a clone; a parameter
-    /// whose type is not `Clone` is then a compile error on its name.
+    /// what the body takes by value (a burn tensor, `self`) is given as a clone, of the
+    /// parameter's own type where it can be named (a reference taking `&T` where the function
+    /// takes `T` is then the plain mismatch of `T` with `&T`); a parameter whose type is not
+    /// `Clone` is a compile error on its name.
     fn reference_call(&self, reference: &ExprPath) -> TokenStream {
+        let clone = |value: TokenStream, ty: Option<&syn::Type>, span: Span| match ty {
+            Some(ty) => quote_spanned!(span=> <#ty as ::core::clone::Clone>::clone(&#value)),
+            None => quote_spanned!(span=> ::core::clone::Clone::clone(&#value)),
+        };
         let args = self.params.iter().filter_map(|param| match param {
-            Param::Receiver(self_token) if self.self_by_value() => {
-                Some(quote_spanned!(self_token.span=> ::core::clone::Clone::clone(&#self_token)))
-            }
-            Param::Receiver(self_token) => Some(self_token.to_token_stream()),
+            Param::Receiver(self_token) => Some(match self.self_by_value() {
+                Some(ty) => clone(self_token.to_token_stream(), Some(ty), self_token.span),
+                None => self_token.to_token_stream(),
+            }),
             Param::Named(ident) if matches!(self.passing(ident), Some(Passing::Owned { .. })) => {
-                Some(quote_spanned!(ident.span()=> ::core::clone::Clone::clone(&#ident)))
+                let ty = self.nameable_type(ident);
+                Some(clone(ident.to_token_stream(), ty, ident.span()))
             }
             Param::Named(ident) => Some(ident.to_token_stream()),
             Param::Unnamed(_) => None,
