@@ -6,10 +6,12 @@
 
 mod common;
 
+use burn_tensor::{Tensor, TensorData};
 use common::{burn_values, candle_port, fixture, SENTENCE_IDS};
 use minilm_burn::Backend;
 use model_trace::{
-    Action, Event, ModelTracer, ModelTracerConfig, Session, TensorStats, TraceFilter, TraceReader,
+    trace_layer, trace_model, Action, Event, ModelTracer, ModelTracerConfig, RecordErrorKind,
+    Session, TensorStats, TraceFilter, TraceReader,
 };
 
 const LAYERS: usize = 6;
@@ -156,4 +158,117 @@ fn interventions_change_what_a_layer_takes_and_returns_by_value() {
         let clean = burn_values(fixture.model.forward(ids, mask));
         assert_ne!(bits(burn_values(hidden)), bits(clean));
     }
+}
+
+/// The events of a session over `run`, read back from its trace file.
+fn events_of(builder: model_trace::SessionBuilder, run: impl FnOnce()) -> Vec<Event> {
+    let path = std::env::temp_dir().join(format!(
+        "minilm-burn-events-{}-{:?}.ndjson",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let session = builder
+        .trace_file(&path)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    run();
+    drop(session);
+    let events = TraceReader::open(&path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|event| event.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    std::fs::remove_file(&path).ok();
+    events
+}
+
+/// `position=99` on a pass of 7 tokens reaches no row: nothing changes, and the session says so
+/// at its end instead of passing over it.
+#[test]
+fn an_intervention_past_the_passs_tokens_is_a_warning() {
+    let fixture = fixture(Backend::Flex);
+    let (ids, mask) = fixture.tensors();
+    let clean = burn_values(fixture.model.forward(ids.clone(), mask.clone()));
+    let mut hidden = Vec::new();
+    let builder = Session::builder(ModelTracerConfig::lightweight())
+        .intervene("layer=1,position=99", Action::Zero);
+    let events = events_of(builder, || {
+        hidden = burn_values(fixture.model.forward(ids, mask));
+    });
+    assert_eq!(bits(hidden), bits(clean), "nothing changed");
+    let warning = events.iter().find_map(|event| match event {
+        Event::Error(error) if error.kind == RecordErrorKind::UnusedIntervention => {
+            Some(error.message.clone())
+        }
+        _ => None,
+    });
+    let warning = warning.expect("a warning that the intervention changed nothing");
+    assert!(warning.contains("position=99"), "{warning}");
+}
+
+/// What a block does, for a block generic over it: burn blocks were generic over their backend
+/// before burn 0.22 (`impl<B: Backend> Block<B>`), and blocks are still generic over their parts.
+trait Mix {
+    fn mix(&self, x: Tensor<3>) -> Tensor<3>;
+}
+
+struct Scale(f32);
+
+impl Mix for Scale {
+    fn mix(&self, x: Tensor<3>) -> Tensor<3> {
+        x.mul_scalar(self.0)
+    }
+}
+
+struct Block<M> {
+    index: usize,
+    mix: M,
+}
+
+impl<M: Mix> Block<M> {
+    #[trace_layer(index = self.index)]
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.mix.mix(x)
+    }
+}
+
+#[trace_model]
+fn generic_blocks<M: Mix>(blocks: &[Block<M>], x: Tensor<3>) -> Tensor<3> {
+    blocks.iter().fold(x, |x, block| block.forward(x))
+}
+
+#[test]
+fn methods_of_a_generic_impl_block_are_traced_and_changed_like_any() {
+    let device = Backend::Flex.device();
+    let blocks = [
+        Block {
+            index: 0,
+            mix: Scale(2.0),
+        },
+        Block {
+            index: 1,
+            mix: Scale(3.0),
+        },
+    ];
+    let x = Tensor::<3>::from_data(
+        TensorData::new(vec![1.0f32, -1.0, 0.5, 2.0], [1, 2, 2]),
+        &device,
+    );
+    let session = Session::builder(ModelTracerConfig::lightweight())
+        .intervene("stage=input,layer=1", Action::Scale(0.5))
+        .start()
+        .unwrap();
+    let out = burn_values(generic_blocks(&blocks, x));
+    let (tracer, errors) = session.finish_with_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(out, [3.0, -3.0, 1.5, 6.0], "x 2, halved, x 3");
+    let layers = &tracer.activation_traces()[0].layers;
+    assert_eq!(layers.len(), 2);
+    assert_eq!(
+        (layers[0].input_stats.max, layers[0].output_stats.max),
+        (2.0, 4.0)
+    );
+    assert_eq!(
+        (layers[1].input_stats.max, layers[1].output_stats.max),
+        (2.0, 6.0)
+    );
 }

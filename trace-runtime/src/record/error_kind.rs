@@ -56,7 +56,8 @@ record_error_kinds! {
     /// An intervention asked for cannot be done: the value cannot be changed (not an owned
     /// tensor, a type that cannot be rebuilt from values) or the action does not fit it.
     Intervention = "intervention",
-    /// Warning: an intervention selected no tensor in the whole session (at its end).
+    /// Warning: an intervention changed nothing in the whole session (at its end): it selected
+    /// no tensor, or none of its `position=` rows.
     UnusedIntervention = "unused_intervention",
 }
 

@@ -270,8 +270,13 @@ pub(crate) fn intervene(
         shape: &shape,
     };
     for (index, intervention) in selected {
-        with_session(generation, |s| s.count_selection(index));
-        match intervene::apply(&intervention, tensor, &site, pass_position) {
+        let outcome = intervene::apply(&intervention, tensor, &site, pass_position);
+        if !matches!(outcome, Ok(None)) {
+            // Its `position=` rows outside this tensor's: not counted, so that one that never
+            // reaches a row is warned about at the end.
+            with_session(generation, |s| s.count_selection(index));
+        }
+        match outcome {
             Ok(Some(applied)) => {
                 with_session(generation, |s| {
                     s.record_intervention(index, tracepoint, layer, stage, applied);
@@ -1017,7 +1022,8 @@ impl SessionState {
         (selected, self.pass.as_ref().map_or(0, |p| p.position))
     }
 
-    /// Counts a tensor that intervention `index` selected (changed or not).
+    /// Counts a tensor that intervention `index` changed (or failed to change, an error of its
+    /// own).
     fn count_selection(&mut self, index: usize) {
         if let Some((_, selected)) = self.interventions.get_mut(index) {
             *selected += 1;
@@ -1066,9 +1072,11 @@ impl SessionState {
             .collect();
         for text in unused {
             let message = format!(
-                "intervention `{text}` selected no tensor in the whole session: nothing was \
-                 changed (check its stage=, layer= and pass=; model_trace::tracepoints() lists \
-                 the tracepoints)"
+                "intervention `{text}` changed nothing in the whole session: it selected no \
+                 tensor, or no row of one (check its stage=, layer=, pass= and position=; \
+                 model_trace::tracepoints() lists the tracepoints; a stage recorded with \
+                 `trace_tensor!` is only borrowed and cannot be changed: record it with \
+                 `trace_stage!`)"
             );
             self.note_error(None, RecordErrorKind::UnusedIntervention, message);
         }
