@@ -19,15 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("CARGO_PROFILE_DEV_OPT_LEVEL", "2")
 
 
-def run_example(package: str, args, cwd: Path, env=None) -> subprocess.CompletedProcess:
-    """Runs `cargo run -p PACKAGE --features trace -- ARGS` from the repository root; the
+def run_example(package: str, args, cwd: Path, env=None, features="trace", check=True) -> subprocess.CompletedProcess:
+    """Runs `cargo run -p PACKAGE --features FEATURES -- ARGS` from the repository root; the
     trace-related environment of the caller is not passed on, so the run is what ARGS (and
-    ``env``, added to it: ``{"MODEL_TRACE_ISOLATE": ...}``) say."""
+    ``env``, added to it: ``{"MODEL_TRACE_ISOLATE": ...}``) say. A failure fails the test,
+    unless ``check`` is false (then the caller reads ``returncode``)."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("MODEL_TRACE") or k == "MODEL_TRACE_MODELS"}
     env = {**inherited, **(env or {})}
-    command = ["cargo", "run", "--quiet", "-p", package, "--features", "trace", "--", *args]
+    command = ["cargo", "run", "--quiet", "-p", package, "--features", features, "--", *args]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    if result.returncode != 0:
+    if check and result.returncode != 0:
         pytest.fail(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
 

@@ -8,13 +8,12 @@ on the CPU), diffed against NdArray.
 """
 
 import os
-import subprocess
 
 import pytest
 
-from conftest import REPO, reference, run_example
+from conftest import reference, run_example
 from test_isolation import local_layers
-from test_reference_diff import diff, first
+from test_reference_diff import MINILM_BUGS, diff, first
 
 #: The 6 layers' input, attn_out, resid_mid, mlp_out, output and attention probabilities.
 TENSORS = 36
@@ -65,14 +64,7 @@ def test_the_burn_port_matches_the_candle_port_and_its_backends_each_other(refer
         assert worst < 1e-5, (reference_trace.name, other.name, worst)
 
 
-@pytest.mark.parametrize(
-    "bug, where",
-    [
-        ("attention-scale", (0, 0, "attention")),
-        ("gelu-tanh", (0, 0, "mlp_out")),
-        ("reversed-tokens", (0, 5, "output")),
-    ],
-)
+@pytest.mark.parametrize("bug, where", MINILM_BUGS)
 def test_the_candle_ports_bugs_are_found_where_injected_in_the_burn_port(references, bug, where):
     captured = burn(references, f"{bug}-captured", "--capture", "*", "--inject-bug", bug)
     code, report = diff(references / "ref-captured.ndjson", captured)
@@ -98,12 +90,10 @@ def test_the_burn_port_on_wgpu_matches_ndarray_at_the_default_tolerances(referen
     """``--features wgpu``, built here (wgpu and CubeCL: minutes). Without an adapter (no GPU,
     no Mesa) it is skipped, unless MODEL_TRACE_REQUIRE_WGPU=1 (CI, which installs lavapipe)."""
     out = references / "wgpu-captured.ndjson"
-    command = ["cargo", "run", "--quiet", "-p", "minilm-burn", "--features", "trace,wgpu", "--",
-               "--device", "wgpu", "--trace-out", str(out), "--capture", "*"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODEL_TRACE") or k == "MODEL_TRACE_MODELS"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    args = ["--device", "wgpu", "--trace-out", str(out), "--capture", "*"]
+    result = run_example("minilm-burn", args, cwd=references, features="trace,wgpu", check=False)
     if result.returncode != 0:
-        message = f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+        message = f"minilm-burn --device wgpu failed ({result.returncode}):\n{result.stderr[-3000:]}"
         if os.environ.get("MODEL_TRACE_REQUIRE_WGPU") == "1":
             pytest.fail(message)
         pytest.skip(f"no wgpu adapter here? {message}")

@@ -77,14 +77,15 @@ def test_minilm_matches_transformers_at_default_tolerances(minilm):
     assert worst < 1e-5, worst
 
 
-@pytest.mark.parametrize(
-    "bug, where",
-    [
-        ("attention-scale", (0, 0, "attention")),
-        ("gelu-tanh", (0, 0, "mlp_out")),
-        ("reversed-tokens", (0, 5, "output")),
-    ],
-)
+#: The MiniLM porting bugs (`minilm::bugs`) and where a diff must find each: (pass, layer, stage).
+MINILM_BUGS = [
+    ("attention-scale", (0, 0, "attention")),
+    ("gelu-tanh", (0, 0, "mlp_out")),
+    ("reversed-tokens", (0, 5, "output")),
+]
+
+
+@pytest.mark.parametrize("bug, where", MINILM_BUGS)
 def test_minilm_porting_bugs_are_found_where_injected(minilm, bug, where):
     captured = rust_minilm(minilm, f"{bug}-captured", "--capture", "*", "--inject-bug", bug)
     code, report = diff(minilm / "ref-captured.ndjson", captured)

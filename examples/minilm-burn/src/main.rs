@@ -102,6 +102,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let tokenizer = tokenizer::load(&files.tokenizer)?;
     let encoded = tokenizer::encode(&tokenizer, &text)?;
     let (ids, mask) = model::sentence_tensors(&encoded, &device);
+    let backend = args.device.describe(&device);
 
     let config = match args.trace {
         TraceLevel::Off => None,
@@ -122,7 +123,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 .extra("token_ids", format!("{:?}", encoded.ids))
                 .extra("framework", "burn 0.22")
                 .dtype("f32")
-                .device(args.device.describe(&device));
+                .device(backend.clone());
             if let Some(capture) = &args.capture {
                 builder = builder.capture(capture.clone());
             }
@@ -136,16 +137,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let trace_file = session
         .as_ref()
         .and_then(|s| s.trace_file().map(|p| p.to_path_buf()));
-    let hidden = model.forward(ids, mask.clone());
+    let embedding = model.embed(ids, mask);
     let traced = session.map(Session::finish_with_errors);
-    let embedding = minilm_burn::l2_normalize(minilm_burn::mean_pool(hidden, mask));
     let embedding: Vec<f32> = embedding
         .into_data()
         .try_into_vec()
         .map_err(|e| format!("reading the embedding: {e}"))?;
 
     println!("text: {text:?}");
-    println!("backend: {}", args.device.describe(&device));
+    println!("backend: {backend}");
     println!("tokens: {}", encoded.tokens.join(" "));
     println!("ids: {:?}", encoded.ids);
     let shown: Vec<String> = embedding

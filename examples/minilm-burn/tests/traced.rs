@@ -115,22 +115,17 @@ fn the_records_are_the_candle_ports_within_float_noise() {
 fn the_trace_file_holds_the_token_ids_the_pass_consumed() {
     let fixture = fixture(Backend::NdArray);
     let (ids, mask) = fixture.tensors();
-    let path = std::env::temp_dir().join(format!("minilm-burn-{}.ndjson", std::process::id()));
-    let session = Session::builder(ModelTracerConfig::lightweight())
-        .trace_file(&path)
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    fixture.model.forward(ids, mask);
-    let (_, errors) = session.finish_with_errors();
-    assert!(errors.is_empty(), "{errors:?}");
-    let tokens: Vec<Option<Vec<u32>>> = TraceReader::open(&path)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .filter_map(|event| match event.unwrap_or_else(|e| panic!("{e}")) {
+    let events = events_of(Session::builder(ModelTracerConfig::lightweight()), || {
+        fixture.model.forward(ids, mask);
+    });
+    let tokens: Vec<Option<Vec<u32>>> = events
+        .into_iter()
+        .filter_map(|event| match event {
             Event::PassBegin(begin) => Some(begin.tokens),
+            Event::Error(error) => panic!("not recorded: {error:?}"),
             _ => None,
         })
         .collect();
-    std::fs::remove_file(&path).ok();
     assert_eq!(tokens, [Some(SENTENCE_IDS.to_vec())]);
 }
 
