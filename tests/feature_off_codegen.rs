@@ -46,10 +46,18 @@ fn blank_stage(line: &str) -> Option<String> {
 }
 
 /// `dependencies`: the lines after model-trace's in `[dependencies]`.
+///
+/// One codegen unit: with several, the functions that units share get names carrying a hash of
+/// their unit (`do_reserve_and_handle...llvm.940020126153301898`), which changes with the source
+/// even where the code does not. In a fresh run under another `CARGO_HOME`, the annotated and the
+/// blanked binaries' global offset tables came out in another order, and with them the
+/// RIP-relative offsets in `.text` (the same size, other bytes); with one unit the two `.text`
+/// sections were identical.
 fn manifest(facade: &Path, features: &str, dependencies: &str) -> String {
     format!(
         "[package]\nname = \"codegen-off\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
          [dependencies]\nmodel-trace = {{ path = {facade:?}, features = [{features}] }}\n{dependencies}\n\
+         [profile.release]\ncodegen-units = 1\n\n\
          [workspace]\n"
     )
 }
