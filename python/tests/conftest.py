@@ -9,24 +9,49 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The tests run our examples and the CLI with `cargo run`, in the dev profile, where the workspace
-# already optimizes every dependency (candle, safetensors, ...) but not our own crates: the
-# runtime's statistics, and the CLI reading and comparing traces, at opt-level 0. Optimized, the
-# CLI's `diff --isolated` of a captured 55-token SmolLM2 trace takes 0.8 s instead of 11, and a
-# traced SmolLM2 prompt pass 6.5 s instead of 10. Only our crates are compiled again for it (the
-# dependencies' settings come from `[profile.dev.package."*"]`, which this does not change), and
-# into files of their own, so the test steps' builds stay as they are.
-os.environ.setdefault("CARGO_PROFILE_DEV_OPT_LEVEL", "2")
+#: A folder of the workspace's binaries, built once by the suite's compiled-in test step with every
+#: feature they need (``scripts/test`` sets it): the tests run them as they are, so that no test
+#: builds Rust again. Unset, a test builds what it runs with ``cargo run`` (a developer running
+#: pytest alone).
+BINARIES = os.environ.get("MODEL_TRACE_BINARIES")
+
+#: package -> the binary that ``cargo run -p PACKAGE`` runs.
+DEFAULT_BINARY = {"trace-cli": "model-trace"}
+
+
+def rust_command(package: str, args=(), features=None, binary=None) -> list:
+    """The command that runs BINARY (by default the package's own) of PACKAGE, built with
+    FEATURES, on ARGS: the prebuilt binary in ``MODEL_TRACE_BINARIES`` when it is set, else
+    ``cargo run``. The prebuilt binaries have every feature the tests use (``trace``, and
+    ``wgpu`` for the burn port)."""
+    binary = binary or DEFAULT_BINARY.get(package, package)
+    if BINARIES:
+        path = Path(BINARIES) / binary
+        if not path.is_file():
+            pytest.fail(f"MODEL_TRACE_BINARIES={BINARIES} has no {binary} (of {package}): the suite's "
+                        "test step builds it")
+        return [str(path), *map(str, args)]
+    command = ["cargo", "run", "--quiet", "-p", package]
+    if features:
+        command += ["--features", features]
+    if binary != DEFAULT_BINARY.get(package, package):
+        command += ["--bin", binary]
+    return [*command, "--", *map(str, args)]
+
+
+def model_trace_cli(*args) -> list:
+    """The ``model-trace`` command line (trace-cli) with ARGS."""
+    return rust_command("trace-cli", args)
 
 
 def run_example(package: str, args, cwd: Path, env=None, features="trace", check=True) -> subprocess.CompletedProcess:
-    """Runs `cargo run -p PACKAGE --features FEATURES -- ARGS` from the repository root; the
+    """Runs PACKAGE's binary built with FEATURES on ARGS (``rust_command``) from the repository root; the
     trace-related environment of the caller is not passed on, so the run is what ARGS (and
     ``env``, added to it: ``{"MODEL_TRACE_ISOLATE": ...}``) say. A failure fails the test,
     unless ``check`` is false (then the caller reads ``returncode``)."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("MODEL_TRACE") or k == "MODEL_TRACE_MODELS"}
     env = {**inherited, **(env or {})}
-    command = ["cargo", "run", "--quiet", "-p", package, "--features", features, "--", *args]
+    command = rust_command(package, args, features=features)
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if check and result.returncode != 0:
         pytest.fail(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-4000:]}")

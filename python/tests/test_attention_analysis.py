@@ -18,7 +18,7 @@ import torch
 
 import model_trace
 
-from conftest import REPO, run_example
+from conftest import REPO, model_trace_cli, run_example
 
 MODELS = os.environ.get("MODEL_TRACE_MODELS", os.path.expanduser("~/.cache/model-trace"))
 
@@ -73,7 +73,7 @@ def dense_heads(attentions, causal):
 
 def rust_analysis(trace):
     """`model-trace summary --json`'s attention analysis, by (layer, head)."""
-    command = ["cargo", "run", "--quiet", "-p", "trace-cli", "--", "summary", "--json", str(trace)]
+    command = model_trace_cli("summary", "--json", trace)
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
     analysis = json.loads(result.stdout)["summary"]["attention"]
     return analysis, {(h["layer"], h["head"]): h for h in analysis["heads"]}

@@ -87,8 +87,9 @@ def test_isolation_finds_nothing_on_the_clean_burn_port_and_names_a_one_layer_bu
 
 
 def test_the_burn_port_on_wgpu_matches_ndarray_at_the_default_tolerances(references):
-    """``--features wgpu``, built here (wgpu and CubeCL: minutes). Without an adapter (no GPU,
-    no Mesa) it is skipped, unless MODEL_TRACE_REQUIRE_WGPU=1 (CI, which installs lavapipe)."""
+    """``--features wgpu`` (wgpu and CubeCL: minutes to build; ``scripts/test``'s test step builds
+    it, ``cargo run`` here otherwise). Without an adapter (no GPU, no Mesa) it is skipped, unless
+    MODEL_TRACE_REQUIRE_WGPU=1 (CI, which installs lavapipe)."""
     out = references / "wgpu-captured.ndjson"
     args = ["--device", "wgpu", "--trace-out", str(out), "--capture", "*"]
     result = run_example("minilm-burn", args, cwd=references, features="trace,wgpu", check=False)

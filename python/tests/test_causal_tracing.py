@@ -11,13 +11,12 @@ import subprocess
 
 import numpy as np
 
-from conftest import REPO
+from conftest import REPO, model_trace_cli, rust_command
 
 
 def test_causal_tracing_finds_the_subject_then_the_last_position(tmp_path):
     out = tmp_path / "causal"
-    command = ["cargo", "run", "--quiet", "-p", "smollm", "--features", "trace", "--bin", "causal_trace", "--",
-               "--out", str(out), "--json"]
+    command = rust_command("smollm", ["--out", out, "--json"], features="trace", binary="causal_trace")
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     found = json.loads(result.stdout)
@@ -41,8 +40,8 @@ def test_causal_tracing_finds_the_subject_then_the_last_position(tmp_path):
           f"' Paris' up to layer {handover - 1}, the last position from layer {handover}")
 
     page = tmp_path / "patched.html"
-    report = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "report", found["patched_trace"],
-                             "-o", str(page)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    report = subprocess.run(model_trace_cli("report", found["patched_trace"], "-o", page), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
     assert report.returncode == 0, report.stderr
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
                                 page.read_text(), re.S).group(1))

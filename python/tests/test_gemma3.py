@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import model_trace
-from conftest import REPO
+from conftest import REPO, model_trace_cli
 from gemma3_weights import GREEDY_IDS, PROMPT, PROMPT_IDS, gguf
 
 llama_cpp = pytest.importorskip("model_trace.llama_cpp")
@@ -50,7 +50,7 @@ def chosen_tokens(path):
 def rust_check(path):
     """``model-trace check TRACE --json`` (exit code, stdout, stderr), or None while the
     command does not exist in this checkout."""
-    command = ["cargo", "run", "--quiet", "-p", "trace-cli", "--", "check", "--json", str(path)]
+    command = model_trace_cli("check", "--json", path)
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     if result.returncode == 2 and re.search(r"unrecognized subcommand|invalid value 'check'", result.stderr):
         return None

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, run_example
+from conftest import REPO, model_trace_cli, run_example
 from model_trace.testing import (
     CROSS_MACHINE_RTOL,
     GoldenMismatch,
@@ -131,11 +131,11 @@ def test_the_rust_golden_check_and_this_one_write_the_same_golden_file_for_the_r
     assert matched.tensors == 964
     mine = tmp_path / "mine.ndjson"
     mine.write_text(ours)
-    result = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "diff", str(copy), str(mine)],
+    result = subprocess.run(model_trace_cli("diff", copy, mine),
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "964 tensors" in result.stdout, result.stdout
-    listed = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "list", str(copy)],
+    listed = subprocess.run(model_trace_cli("list", copy),
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert listed.returncode == 0, listed.stderr
     assert "golden file, version 1" in listed.stdout and f'made on "{header["machine"]}"' in listed.stdout, listed.stdout

@@ -21,7 +21,7 @@ import pytest
 import model_trace
 from model_trace.format import read_float
 
-from conftest import REPO, reference, run_example
+from conftest import REPO, model_trace_cli, reference, run_example
 
 #: The tolerance of the SmolLM2 comparison (justified in test_smollm_...).
 SMOLLM_TOLERANCE = ["--check-error-stat", "norm", "--rtol", "0.1"]
@@ -29,7 +29,7 @@ SMOLLM_TOLERANCE = ["--check-error-stat", "norm", "--rtol", "0.1"]
 
 def diff(reference, other, *options):
     """`model-trace diff --json`: the exit code and the report."""
-    command = ["cargo", "run", "--quiet", "-p", "trace-cli", "--", "diff", "--json", *options, str(reference), str(other)]
+    command = model_trace_cli("diff", "--json", *options, reference, other)
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode in (0, 1), f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr}"
     return result.returncode, json.loads(result.stdout)

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, run_example
+from conftest import REPO, model_trace_cli, run_example
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
@@ -51,8 +51,8 @@ def report(tmp_path_factory):
                 cwd=directory)
     subprocess.run([sys.executable, str(REPO / "python" / "examples" / "smollm_reference.py"), "--rust", str(ours),
                     "--out", str(ref)], check=True, capture_output=True, timeout=1800)
-    result = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "report", str(ours), "--against", str(ref),
-                             "--check-error-stat", "norm", "--rtol", "0.1", "-o", str(page)],
+    result = subprocess.run(model_trace_cli("report", ours, "--against", ref,
+                                             "--check-error-stat", "norm", "--rtol", "0.1", "-o", page),
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "no divergence" in result.stdout, result.stdout
@@ -188,8 +188,8 @@ def floor_pages(tmp_path_factory):
     pages = {}
     for name, options in [("floored", ["--floor", str(floor), "--floor-factor", str(FLOOR_FACTOR)]), ("plain", [])]:
         pages[name] = directory / f"{name}.html"
-        result = subprocess.run(["cargo", "run", "--quiet", "-p", "trace-cli", "--", "report", str(ours), "--against", str(ref),
-                                 *options, "-o", str(pages[name])], cwd=REPO, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(model_trace_cli("report", ours, "--against", ref,
+                                                 *options, "-o", pages[name]), cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode in (0, 1), result.stderr
         assert pages[name].exists(), result.stderr
     return pages
