@@ -24,7 +24,8 @@ def rust_command(package: str, args=(), features=None, binary=None) -> list:
     FEATURES, on ARGS: the prebuilt binary in ``MODEL_TRACE_BINARIES`` when it is set, else
     ``cargo run``. The prebuilt binaries have every feature the tests use (``trace``, and
     ``wgpu`` for the burn port)."""
-    binary = binary or DEFAULT_BINARY.get(package, package)
+    default = DEFAULT_BINARY.get(package, package)
+    binary = binary or default
     if BINARIES:
         path = Path(BINARIES) / binary
         if not path.is_file():
@@ -34,7 +35,7 @@ def rust_command(package: str, args=(), features=None, binary=None) -> list:
     command = ["cargo", "run", "--quiet", "-p", package]
     if features:
         command += ["--features", features]
-    if binary != DEFAULT_BINARY.get(package, package):
+    if binary != default:
         command += ["--bin", binary]
     return [*command, "--", *map(str, args)]
 
