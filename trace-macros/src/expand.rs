@@ -112,6 +112,7 @@ impl Conversion {
     /// there.
     fn apply(self, expr: &Expr) -> TokenStream {
         let span = expr.span();
+        let private = private_at(span);
         let (name, method) = match self {
             Conversion::Position => ("PositionArg", "convert"),
             Conversion::Tokens => ("PassTokens", "token_ids"),
@@ -124,7 +125,7 @@ impl Conversion {
             Conversion::HitRate => ("HitRateArg", "convert"),
         };
         let (name, method) = (Ident::new(name, span), Ident::new(method, span));
-        quote_spanned!(span=> ::model_trace::__private::#name::#method(#expr))
+        quote_spanned!(span=> #private::#name::#method(#expr))
     }
 
     /// `Some(converted)`, or `None` when the argument was not given.
@@ -305,6 +306,7 @@ impl TracedFn {
     }
 
     fn layer_guard(&self, index: Option<&Expr>, input: Option<&Expr>) -> TokenStream {
+        let private = private();
         let index = Conversion::Index.option(index);
         let candidates: Vec<&Ident> = match input {
             None => self.input_candidates().collect(),
@@ -320,10 +322,10 @@ impl TracedFn {
             let __trace_active = __TRACE_CALLSITE.is_active();
             let #mutability __trace_guard = if __trace_active {
                 let __trace_index = #index;
-                ::model_trace::__private::LayerGuard::enter(
+                #private::LayerGuard::enter(
                     &__TRACE_CALLSITE, __trace_index, ::core::option::Option::None)
             } else {
-                ::model_trace::__private::LayerGuard::inactive()
+                #private::LayerGuard::inactive()
             };
         };
         if candidates.is_empty() && input.is_none() {
@@ -344,6 +346,7 @@ impl TracedFn {
     /// rebound to its changed value when it is the one. A candidate that cannot be changed
     /// (see [`TracedFn::passing`]) reports so when it is the input and one asks.
     fn replace_input(&self, candidates: &[&Ident]) -> TokenStream {
+        let private = private();
         let passing: Vec<Option<Passing>> =
             candidates.iter().map(|ident| self.passing(ident)).collect();
         let cannot = quote!({
@@ -359,7 +362,7 @@ impl TracedFn {
                     cannot.clone()
                 };
                 quote! {
-                    if ::model_trace::__private::probe!(&#ident).is_some() { #this } else { #otherwise }
+                    if #private::probe!(&#ident).is_some() { #this } else { #otherwise }
                 }
             },
         );
@@ -377,7 +380,7 @@ impl TracedFn {
                             #rebind
                             if __trace_input_at == #at {
                                 __trace_guard.replace_input(
-                                    ::model_trace::__private::probe_mut!(&mut #ident));
+                                    #private::probe_mut!(&mut #ident));
                             }
                             }
                         }
@@ -385,10 +388,10 @@ impl TracedFn {
                             let #copy;
                             let #ident = if __trace_input_at == #at {
                                 #[allow(unused_imports)]
-                                use ::model_trace::__private::{
+                                use #private::{
                                     ReplaceBorrowedOther as _, ReplaceBorrowedTensor as _,
                                 };
-                                #copy = (&&::model_trace::__private::Probe(#ident))
+                                #copy = (&&#private::Probe(#ident))
                                     .__model_trace_replace_borrowed(&__trace_guard);
                                 match &#copy {
                                     ::core::option::Option::Some(copy) => &**copy,
@@ -438,28 +441,30 @@ impl TracedFn {
 
 /// The pass's guard; `position` and `tokens` are evaluated only when the pass is traced.
 fn model_guard(position: Option<&Expr>, tokens: Option<&Expr>) -> TokenStream {
+    let private = private();
     let position = Conversion::Position.option(position);
     let tokens = Conversion::Tokens.option(tokens);
     quote! {
         let __trace_guard = if __TRACE_CALLSITE.is_active() {
             let __trace_position = #position;
             let __trace_tokens = #tokens;
-            ::model_trace::__private::ModelGuard::enter(
+            #private::ModelGuard::enter(
                 &__TRACE_CALLSITE, __trace_position, __trace_tokens)
         } else {
-            ::model_trace::__private::ModelGuard::inactive()
+            #private::ModelGuard::inactive()
         };
     }
 }
 
 fn layer_output() -> TokenStream {
+    let private = private();
     quote! {
         if __trace_active {
             if __trace_guard.replaces_output() {
                 __trace_guard.replace_output(
-                    ::model_trace::__private::probe_mut!(&mut __trace_out));
+                    #private::probe_mut!(&mut __trace_out));
             }
-            __trace_guard.output(::model_trace::__private::probe!(&__trace_out));
+            __trace_guard.output(#private::probe!(&__trace_out));
         }
         __trace_out
     }
@@ -478,15 +483,16 @@ fn param_named(expr: &Expr) -> Option<Ident> {
 }
 
 fn record_output(record: &str, layer: Option<&Expr>) -> TokenStream {
+    let private = private();
     let record = Ident::new(record, Span::call_site());
     let layer = Conversion::Layer.option(layer);
     quote! {
         if __TRACE_CALLSITE.is_active() {
             let __trace_layer = #layer;
-            ::model_trace::__private::#record(
+            #private::#record(
                 &__TRACE_CALLSITE,
                 __trace_layer,
-                ::model_trace::__private::probe!(&__trace_out),
+                #private::probe!(&__trace_out),
             );
         }
         __trace_out
@@ -494,6 +500,7 @@ fn record_output(record: &str, layer: Option<&Expr>) -> TokenStream {
 }
 
 fn kv_cache_step(args: &KvCacheArgs, has_output: bool) -> TokenStream {
+    let private = private();
     let layer = Conversion::Layer.option(args.layer.as_ref());
     let len = Conversion::Len.option(args.len.as_ref());
     let capacity = Conversion::Capacity.option(args.capacity.as_ref());
@@ -503,7 +510,7 @@ fn kv_cache_step(args: &KvCacheArgs, has_output: bool) -> TokenStream {
     let tail = has_output.then(|| quote!(__trace_out));
     quote! {
         if __TRACE_CALLSITE.is_active() {
-            let __trace_step = ::model_trace::__private::KvCacheStep {
+            let __trace_step = #private::KvCacheStep {
                 layer: #layer,
                 len: #len,
                 capacity: #capacity,
@@ -511,27 +518,29 @@ fn kv_cache_step(args: &KvCacheArgs, has_output: bool) -> TokenStream {
                 evictions: #evictions,
                 hit_rate: #hit_rate,
             };
-            ::model_trace::__private::record_kv_cache(&__TRACE_CALLSITE, __trace_step);
+            #private::record_kv_cache(&__TRACE_CALLSITE, __trace_step);
         }
         #tail
     }
 }
 
 fn quant_record(quant: Option<&Ident>) -> TokenStream {
+    let private = private();
     let quant = quant.map_or_else(
         || quote!(::core::option::Option::None),
         |variant| {
+            let private = private_at(variant.span());
             quote_spanned!(variant.span()=>
-                ::core::option::Option::Some(::model_trace::__private::QuantType::#variant))
+                ::core::option::Option::Some(#private::QuantType::#variant))
         },
     );
     quote! {
         if let ::core::option::Option::Some(__trace_reference) = __trace_reference {
-            ::model_trace::__private::record_quant(
+            #private::record_quant(
                 &__TRACE_CALLSITE,
                 #quant,
-                ::model_trace::__private::probe!(&__trace_out),
-                ::model_trace::__private::probe!(&__trace_reference),
+                #private::probe!(&__trace_out),
+                #private::probe!(&__trace_reference),
             );
         }
         __trace_out
@@ -550,31 +559,33 @@ fn braces(close: Span, tokens: TokenStream) -> Group {
 /// the tracepoint points at the `fn` line rather than at the attribute. An inline macro's
 /// `function` is empty: the runtime finds it from the registered [`function_span`]s.
 fn callsite(kind: Kind, name: &str, function: &str, line_span: Span) -> TokenStream {
+    let private = private();
     let kind = kind.ident();
     let line = quote_spanned!(line_span=> ::core::line!());
     quote! {
-        static __TRACE_CALLSITE: ::model_trace::__private::Callsite =
-            ::model_trace::__private::Callsite::new(
-                ::model_trace::__private::TracepointKind::#kind,
+        static __TRACE_CALLSITE: #private::Callsite =
+            #private::Callsite::new(
+                #private::TracepointKind::#kind,
                 #name,
                 #function,
                 ::core::module_path!(),
                 ::core::file!(),
                 #line,
             );
-        ::model_trace::__private::inventory::submit! {
-            ::model_trace::__private::Registered(&__TRACE_CALLSITE)
+        #private::inventory::submit! {
+            #private::Registered(&__TRACE_CALLSITE)
         }
     }
 }
 
 /// Registers the lines from `fn` to the body's last identifier under the function's name.
 fn function_span(name: &str, first: Span, last: Span) -> TokenStream {
+    let private = private();
     let first = quote_spanned!(first=> ::core::line!());
     let last = quote_spanned!(last=> ::core::line!());
     quote! {
-        ::model_trace::__private::inventory::submit! {
-            ::model_trace::__private::FunctionSpan::new(
+        #private::inventory::submit! {
+            #private::FunctionSpan::new(
                 #name,
                 ::core::module_path!(),
                 ::core::file!(),
@@ -585,21 +596,33 @@ fn function_span(name: &str, first: Span, last: Span) -> TokenStream {
     }
 }
 
+/// `::model_trace::__private`, the facade's hidden module that the generated code calls into:
+/// the one place that names the facade crate.
+fn private() -> TokenStream {
+    private_at(Span::call_site())
+}
+
+/// The same, spanned at `span` (a path inside `quote_spanned!` takes the span it is given, so
+/// that an error in the user's expression lands on the expression).
+fn private_at(span: Span) -> TokenStream {
+    quote_spanned!(span=> ::model_trace::__private)
+}
+
 /// `probe!(&value)`, or the user's own `&value` as it is.
 fn probe(expr: &Expr) -> TokenStream {
+    let private = private();
     match expr {
         Expr::Reference(reference) if reference.mutability.is_none() => {
-            quote!(::model_trace::__private::probe!(#expr))
+            quote!(#private::probe!(#expr))
         }
-        _ => quote!(::model_trace::__private::probe!(&(#expr))),
+        _ => quote!(#private::probe!(&(#expr))),
     }
 }
 
 /// The first parameter that reads as a tensor; each probe only builds a reference.
 fn first_tensor(params: &[&Ident]) -> TokenStream {
-    let mut probes = params
-        .iter()
-        .map(|ident| quote!(::model_trace::__private::probe!(&#ident)));
+    let private = private();
+    let mut probes = params.iter().map(|ident| quote!(#private::probe!(&#ident)));
     let Some(first) = probes.next() else {
         return quote!(::core::option::Option::None);
     };
@@ -652,11 +675,12 @@ impl VisitMut for ReturnToBreak {
 
 impl InlineInput {
     fn expand(&self) -> TokenStream {
+        let private = private();
         let callsite = callsite(self.kind(), &self.tracepoint_name(), "", Span::call_site());
         let value = probe(&self.value);
         let record = match &self.what {
             Inline::Tensor(stage) => quote! {
-                ::model_trace::__private::record_stage(&__TRACE_CALLSITE, #stage, #value);
+                #private::record_stage(&__TRACE_CALLSITE, #stage, #value);
             },
             Inline::Stage(stage) => return stage_expand(&callsite, stage, &self.value),
             Inline::Attention(args) => {
@@ -675,10 +699,11 @@ impl InlineInput {
     /// Never runs, but uses the arguments as the traced build does, so that they are
     /// type-checked and count as used. `trace_stage!` is its value.
     fn compiled_out(&self) -> TokenStream {
+        let private = private();
         let value = &self.value;
         let layer = match &self.what {
             Inline::Tensor(_) => None,
-            Inline::Stage(_) => return quote!(::model_trace::__private::keep(#value)),
+            Inline::Stage(_) => return quote!(#private::keep(#value)),
             Inline::Attention(args) | Inline::Logits(args) => args.layer.as_ref(),
         };
         let layer = layer
@@ -716,31 +741,33 @@ impl InlineInput {
 /// `trace_stage!`: the value, changed by the session's interventions on the stage, recorded
 /// as it is then, and returned.
 fn stage_expand(callsite: &TokenStream, stage: &LitStr, value: &Expr) -> TokenStream {
+    let private = private();
     quote!({
         #callsite
         let mut __trace_value = #value;
         if __TRACE_CALLSITE.is_active() {
-            ::model_trace::__private::replace_stage(
+            #private::replace_stage(
                 &__TRACE_CALLSITE,
                 #stage,
-                ::model_trace::__private::probe_mut!(&mut __trace_value),
+                #private::probe_mut!(&mut __trace_value),
             );
-            ::model_trace::__private::record_stage(
+            #private::record_stage(
                 &__TRACE_CALLSITE,
                 #stage,
-                ::model_trace::__private::probe!(&__trace_value),
+                #private::probe!(&__trace_value),
             );
         }
-        ::model_trace::__private::keep(__trace_value)
+        #private::keep(__trace_value)
     })
 }
 
 fn record_value(record: &str, layer: Option<&Expr>, value: &TokenStream) -> TokenStream {
+    let private = private();
     let record = Ident::new(record, Span::call_site());
     let layer = Conversion::Layer.option(layer);
     quote! {
         let __trace_layer = #layer;
-        ::model_trace::__private::#record(&__TRACE_CALLSITE, __trace_layer, #value);
+        #private::#record(&__TRACE_CALLSITE, __trace_layer, #value);
     }
 }
 
