@@ -4,7 +4,7 @@
 //! below the session; what needs the session to answer is here, above it.
 
 use crate::record::RecordErrorKind;
-use crate::session::state;
+use crate::session::registry;
 use crate::tracepoint::callsite::{Callsite, Interest};
 
 impl Callsite {
@@ -23,7 +23,7 @@ impl Callsite {
         if !cfg!(feature = "enabled") {
             return Interest::Never;
         }
-        let generation = state::active_generation();
+        let generation = registry::active_generation();
         if generation == 0 {
             return Interest::Never;
         }
@@ -37,7 +37,7 @@ impl Callsite {
     #[inline(never)]
     fn decide(&'static self, generation: u32) -> Interest {
         // `None`: the state is borrowed (a hook re-entered); answer "never" without caching it.
-        let Some(interest) = state::decide(generation, self) else {
+        let Some(interest) = registry::decide(generation, self) else {
             return Interest::Never;
         };
         self.cache_interest(generation, interest);
@@ -50,6 +50,6 @@ impl Callsite {
 
     pub(crate) fn note_error(&'static self, kind: RecordErrorKind, message: String) {
         let tracepoint = self.tracepoint();
-        state::with_active(|session| session.note_error(Some(tracepoint), kind, message));
+        registry::with_active(|session| session.note_error(Some(tracepoint), kind, message));
     }
 }

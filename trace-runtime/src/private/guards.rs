@@ -2,7 +2,8 @@
 //! also while a panic unwinds.
 
 use super::read::read_stage;
-use crate::session::state::{self, TensorPlan};
+use crate::session::state::TensorPlan;
+use crate::session::{interventions, registry};
 use crate::tensor::{TokensError, TraceTensor};
 use crate::tracepoint::callsite::{Callsite, Interest};
 
@@ -29,16 +30,16 @@ impl ModelGuard {
         if !interest.runs() {
             return Self::inactive();
         }
-        let generation = state::active_generation();
+        let generation = registry::active_generation();
         if interest == Interest::Suspend {
             return Self {
                 generation,
                 pass: None,
-                suspended: state::suspend(generation),
+                suspended: registry::suspend(generation),
                 _not_send: std::marker::PhantomData,
             };
         }
-        let pass = state::with_session(generation, |session| {
+        let pass = registry::with_session(generation, |session| {
             session.begin_model_pass(cs.tracepoint(), position, tokens)
         })
         .flatten();
@@ -64,10 +65,10 @@ impl ModelGuard {
 impl Drop for ModelGuard {
     fn drop(&mut self) {
         if let Some(pass) = self.pass {
-            state::with_session(self.generation, |session| session.end_model_pass(pass));
+            registry::with_session(self.generation, |session| session.end_model_pass(pass));
         }
         if self.suspended {
-            state::resume(self.generation);
+            registry::resume(self.generation);
         }
     }
 }
@@ -108,8 +109,8 @@ impl LayerGuard {
             return Self::inactive();
         }
         let record = interest.records();
-        let generation = state::active_generation();
-        let entered = state::with_session(generation, |session| {
+        let generation = registry::active_generation();
+        let entered = registry::with_session(generation, |session| {
             let tracepoint = cs.tracepoint();
             let (frame, layer) = session.enter_layer(tracepoint, index, record);
             let replaces = if session.has_interventions() {
@@ -153,7 +154,7 @@ impl LayerGuard {
         };
         let generation = self.generation;
         if let Some(read) = read_stage(generation, cs, "input", layer, plan, input) {
-            state::with_session(generation, |s| s.set_layer_tensor(frame, "input", read));
+            registry::with_session(generation, |s| s.set_layer_tensor(frame, "input", read));
         }
     }
 
@@ -180,7 +181,7 @@ impl LayerGuard {
 
     fn replace(&self, stage: &str, tensor: Option<&mut dyn TraceTensor>) {
         if let (Some((_, layer)), Some(cs)) = (self.frame, self.callsite) {
-            state::intervene(self.generation, cs, Some(layer), stage, tensor);
+            interventions::intervene(self.generation, cs, Some(layer), stage, tensor);
         }
     }
 
@@ -208,12 +209,13 @@ impl LayerGuard {
             return;
         };
         let generation = self.generation;
-        let Some(plan) = state::with_session(generation, |s| s.plan(cs.tracepoint(), Some(layer)))
+        let Some(plan) =
+            registry::with_session(generation, |s| s.plan(cs.tracepoint(), Some(layer)))
         else {
             return;
         };
         if let Some(read) = read_stage(generation, cs, "output", layer, plan, output) {
-            state::with_session(generation, |s| s.set_layer_tensor(frame, "output", read));
+            registry::with_session(generation, |s| s.set_layer_tensor(frame, "output", read));
         }
     }
 }
@@ -221,7 +223,7 @@ impl LayerGuard {
 impl Drop for LayerGuard {
     fn drop(&mut self) {
         if let Some((frame, _)) = self.frame {
-            state::with_session(self.generation, |session| session.exit_layer(frame));
+            registry::with_session(self.generation, |session| session.exit_layer(frame));
         }
     }
 }

@@ -7,7 +7,8 @@ use crate::record::{
     KvCacheStateTrace, LogitsDims, LogitsEvent, QuantEvent, QuantType, QuantizationErrorTrace,
     Stage,
 };
-use crate::session::state::{self, TensorPlan};
+use crate::session::state::TensorPlan;
+use crate::session::{interventions, registry};
 use crate::summary::TensorSummary;
 use crate::tensor::TraceTensor;
 use crate::tracepoint::callsite::{Callsite, Interest};
@@ -21,8 +22,8 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
     if !admitted && interest != Interest::InRecordedLayer {
         return;
     }
-    let generation = state::active_generation();
-    let planned = state::with_session(generation, |s| {
+    let generation = registry::active_generation();
+    let planned = registry::with_session(generation, |s| {
         let layer = if admitted {
             s.enclosing_layer()
         } else {
@@ -50,7 +51,7 @@ pub fn record_stage(cs: &'static Callsite, stage: &'static str, tensor: Option<&
         return;
     }
     if let Some(read) = read_stage(generation, cs, stage, layer, plan, tensor) {
-        state::with_session(generation, |s| s.record_stage(stage, read));
+        registry::with_session(generation, |s| s.record_stage(stage, read));
     }
 }
 
@@ -62,12 +63,12 @@ pub fn replace_stage(
     stage: &'static str,
     tensor: Option<&mut dyn TraceTensor>,
 ) {
-    let generation = state::active_generation();
-    let layer = state::with_session(generation, |s| {
+    let generation = registry::active_generation();
+    let layer = registry::with_session(generation, |s| {
         s.has_interventions().then(|| s.enclosing_layer())
     });
     if let Some(layer) = layer.flatten() {
-        state::intervene(generation, cs, layer, stage, tensor);
+        interventions::intervene(generation, cs, layer, stage, tensor);
     }
 }
 
@@ -155,8 +156,8 @@ pub fn record_attention(
     let Some(probs) = tensor_or_error(cs, "attention", probs) else {
         return;
     };
-    let generation = state::active_generation();
-    let Some((layer, config, plan)) = state::with_session(generation, |s| {
+    let generation = registry::active_generation();
+    let Some((layer, config, plan)) = registry::with_session(generation, |s| {
         let layer = layer.unwrap_or_else(|| s.layer_or_final());
         (
             layer,
@@ -199,7 +200,7 @@ pub fn record_attention(
         return;
     };
     let (tracepoint, function) = labels(Some(cs.tracepoint()));
-    state::with_session(generation, |s| {
+    registry::with_session(generation, |s| {
         s.emit_record(|seq, pass| {
             Event::Attention(AttentionEvent {
                 seq,
@@ -246,8 +247,8 @@ pub fn record_logits(
         );
         return;
     }
-    let generation = state::active_generation();
-    let Some((pass, layer, plan, top_k, tracked)) = state::with_session(generation, |s| {
+    let generation = registry::active_generation();
+    let Some((pass, layer, plan, top_k, tracked)) = registry::with_session(generation, |s| {
         let pass = s.open_pass(cs.tracepoint());
         let layer = layer.unwrap_or_else(|| s.layer_or_final());
         let plan = s.plan(cs.tracepoint(), Some(layer));
@@ -267,7 +268,7 @@ pub fn record_logits(
         for (batch, row) in dims.next_token_rows(data).enumerate() {
             let scratch = (&mut positions, &mut values);
             rows.push(logit_row(batch, row, top_k, &tracked, scratch));
-            state::with_session(generation, |s| s.add_logit_row(layer, batch, row));
+            registry::with_session(generation, |s| s.add_logit_row(layer, batch, row));
         }
     };
     let Some(summary) = read_rows(
@@ -294,7 +295,7 @@ pub fn record_logits(
         );
     }
     let (tracepoint, function) = labels(Some(cs.tracepoint()));
-    state::with_session(generation, |s| {
+    registry::with_session(generation, |s| {
         s.add_logits_stats(layer, &summary.stats);
         s.emit_record(|seq, _| {
             Event::Logits(LogitsEvent {
@@ -327,7 +328,7 @@ pub fn record_kv_cache(cs: &'static Callsite, step: KvCacheStep) {
     if !cs.records() {
         return;
     }
-    state::with_active(|session| {
+    registry::with_active(|session| {
         let layer = step.layer.or_else(|| session.enclosing_layer());
         let len = step.len.unwrap_or(0);
         let state = KvCacheStateTrace {
@@ -371,8 +372,8 @@ pub fn record_quant(
         return;
     };
     let quant = quant.unwrap_or_else(|| quant_from_dtype(quantized.dtype_name()));
-    let generation = state::active_generation();
-    let Some(layer) = state::with_session(generation, |s| s.layer_or_final()) else {
+    let generation = registry::active_generation();
+    let Some(layer) = registry::with_session(generation, |s| s.layer_or_final()) else {
         return;
     };
     let site = cs.tracepoint().name;
@@ -392,7 +393,7 @@ pub fn record_quant(
         }
         (Ok(()), Some(Ok(error))) => {
             let (tracepoint, function) = labels(Some(cs.tracepoint()));
-            state::with_session(generation, |s| {
+            registry::with_session(generation, |s| {
                 s.emit_record(|seq, pass| {
                     Event::Quant(QuantEvent {
                         seq,

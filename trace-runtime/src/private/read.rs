@@ -1,7 +1,8 @@
 //! Reading a tensor: its summary, and its values for whoever else needs them.
 
 use crate::record::RecordErrorKind;
-use crate::session::state::{self, StageRead, TensorPlan};
+use crate::session::registry;
+use crate::session::state::{StageRead, TensorPlan};
 use crate::stats::TensorStats;
 use crate::summary::TensorSummary;
 use crate::tensor::{summarize, takes_digest, SummaryRequest, TraceTensor, ValuesReader};
@@ -34,7 +35,7 @@ pub(super) fn read_stage(
             }
             Some(Err(error)) => {
                 let message = format!("{what}: {error}");
-                state::with_session(generation, |s| {
+                registry::with_session(generation, |s| {
                     s.note_error(Some(cs.tracepoint()), RecordErrorKind::Read, message);
                 });
                 return None;
@@ -75,14 +76,14 @@ pub(super) fn read_tensor(
         Ok(summary) => summary,
         Err(error) => {
             let message = format!("{what}: {error}");
-            state::with_session(generation, |s| {
+            registry::with_session(generation, |s| {
                 s.note_error(Some(cs.tracepoint()), RecordErrorKind::Read, message);
             });
             return None;
         }
     };
     if let Some(values) = captured {
-        state::with_session(generation, |s| {
+        registry::with_session(generation, |s| {
             s.attach_capture(cs.tracepoint(), layer, what, &mut summary, values);
         });
     }

@@ -62,6 +62,9 @@
 
 mod clock;
 mod errors;
+mod interest;
+pub(crate) mod interventions;
+pub(crate) mod registry;
 pub(crate) mod state;
 
 use std::fmt;
@@ -249,7 +252,7 @@ impl Session {
 
     /// Whether a session records on the current thread.
     pub fn is_active() -> bool {
-        state::active_generation() != 0
+        registry::active_generation() != 0
     }
 
     /// The trace file this session writes, if any.
@@ -260,14 +263,14 @@ impl Session {
     /// What could not be recorded so far, in the order first seen (the warnings apart, in
     /// [`warnings`](Self::warnings)).
     pub fn errors(&self) -> Vec<RecordError> {
-        state::with_session(self.generation, |session| session.errors()).unwrap_or_default()
+        registry::with_session(self.generation, |session| session.errors()).unwrap_or_default()
     }
 
     /// What was recorded, but probably not as meant, so far: layers recorded outside any
     /// `#[trace_model]` function, filter patterns that match no tracepoint (see
     /// [`RecordErrorKind::is_warning`]). Each was printed on stderr when it first happened.
     pub fn warnings(&self) -> Vec<RecordError> {
-        state::with_session(self.generation, |session| session.warnings()).unwrap_or_default()
+        registry::with_session(self.generation, |session| session.warnings()).unwrap_or_default()
     }
 
     /// Stops recording and returns what was kept in memory. An open forward pass and open
@@ -299,7 +302,7 @@ impl Session {
     /// Ends the session: its tracer, its errors and how many further errors were not kept.
     fn end(self) -> (ModelTracer, Vec<RecordError>, usize) {
         let mut this = self;
-        match state::remove(this.generation) {
+        match registry::remove(this.generation) {
             Some(session) => {
                 let not_kept = session.errors_not_kept();
                 let (tracer, errors) = session.into_results();
@@ -322,7 +325,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         // Ends the session (flushing its sinks) if `finish` did not take it already; its
         // errors are reported as `finish` reports them, since nobody can take them now.
-        if let Some(session) = state::remove(self.generation) {
+        if let Some(session) = registry::remove(self.generation) {
             let not_kept = session.errors_not_kept();
             let (_, errors) = session.into_results();
             report_unclaimed(&errors, not_kept);
@@ -818,7 +821,7 @@ impl SessionBuilder {
             setup_errors,
             interventions,
         };
-        let generation = state::push(SessionState::new(setup));
+        let generation = registry::push(SessionState::new(setup));
         Ok(Session {
             generation,
             trace_file,

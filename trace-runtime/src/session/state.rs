@@ -1,295 +1,30 @@
-//! The thread-local state behind [`Session`](super::Session) and the hooks in `__private`: the
-//! one owner of the pass and layer context, which turns what hooks read into events and hands
-//! them to the session's sinks.
-//!
-//! Two thread-locals: the generation of the active session in a `Cell<u32>` (the only thing
-//! the fast path reads), and the stack of sessions in a `RefCell`, borrowed only by hooks of
-//! tracepoints that are active. A hook never holds the borrow while it calls into tensor code,
-//! so a user `TraceTensor` that itself reaches a tracepoint cannot cause a double borrow.
+//! The state machine of one session: the one owner of the pass and layer context, which turns
+//! what hooks read into events and hands them to the session's sinks. Where the sessions of a
+//! thread live is [`registry`](super::registry)'s; the interventions' part of the state is
+//! [`interventions`](super::interventions)'.
 
 use std::borrow::Cow;
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::clock;
 use super::errors::{ErrorBook, RecordError};
+use super::interest::interest;
 use crate::analysis::PassRecorder;
 use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::format::CaptureWriter;
-use crate::intervene::{self, Intervention, InterventionSite};
+use crate::intervene::Intervention;
 use crate::record::RecordErrorKind;
 use crate::record::{
-    labels, ErrorCount, ErrorEvent, Event, InterventionEvent, LayerActivationTrace, LayerEvent,
-    PassBegin, PassEnd, SessionEnd, StageEvent, TraceHeader,
+    labels, ErrorCount, ErrorEvent, Event, LayerActivationTrace, LayerEvent, PassBegin, PassEnd,
+    SessionEnd, StageEvent, TraceHeader,
 };
 use crate::select::{CaptureFilter, TraceFilter};
 use crate::sink::{LayerBegin, LayerEnd, ModelTracer, SinkError, TraceSink};
 use crate::stats::TensorStats;
 use crate::summary::TensorSummary;
-use crate::tensor::{PendingSummary, TokensError, TraceTensor};
+use crate::tensor::{PendingSummary, TokensError};
 use crate::tracepoint::callsite::{Callsite, Interest};
 use crate::tracepoint::{Tracepoint, TracepointKind};
-
-thread_local! {
-    /// Generation of the session recording on this thread; 0 when none.
-    static ACTIVE_GENERATION: Cell<u32> = const { Cell::new(0) };
-    /// Sessions started on this thread and not yet ended, oldest first.
-    static SESSIONS: RefCell<Vec<SessionState>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Generations are unique across threads, so a callsite's cached decision, keyed by
-/// generation, can never be mistaken for another session's.
-static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
-
-#[inline(always)]
-pub(crate) fn active_generation() -> u32 {
-    ACTIVE_GENERATION.with(Cell::get)
-}
-
-/// Runs `f` on the session with `generation`, if it is still alive on this thread and the
-/// state is not already borrowed (it never is, unless a hook is re-entered from tensor code).
-pub(crate) fn with_session<R>(
-    generation: u32,
-    f: impl FnOnce(&mut SessionState) -> R,
-) -> Option<R> {
-    if generation == 0 {
-        return None;
-    }
-    SESSIONS
-        .try_with(|sessions| {
-            let mut sessions = sessions.try_borrow_mut().ok()?;
-            let session = sessions
-                .iter_mut()
-                .rev()
-                .find(|session| session.generation == generation)?;
-            Some(f(session))
-        })
-        .ok()
-        .flatten()
-}
-
-/// [`with_session`] on the session recording on this thread.
-pub(crate) fn with_active<R>(f: impl FnOnce(&mut SessionState) -> R) -> Option<R> {
-    with_session(active_generation(), f)
-}
-
-/// Makes `state` the active session of this thread; its generation, or 0 if the state could
-/// not be stored (a hook is running).
-#[cfg_attr(not(feature = "enabled"), allow(dead_code))]
-pub(crate) fn push(mut state: SessionState) -> u32 {
-    let generation = loop {
-        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
-        if generation != 0 {
-            break generation;
-        }
-    };
-    state.generation = generation;
-    let pushed = SESSIONS
-        .try_with(|sessions| match sessions.try_borrow_mut() {
-            Ok(mut sessions) => {
-                sessions.push(state);
-                true
-            }
-            Err(_) => false,
-        })
-        .unwrap_or(false);
-    if pushed {
-        ACTIVE_GENERATION.with(|active| active.set(generation));
-        generation
-    } else {
-        0
-    }
-}
-
-pub(crate) fn remove(generation: u32) -> Option<SessionState> {
-    if generation == 0 {
-        return None;
-    }
-    SESSIONS
-        .try_with(|sessions| {
-            let mut sessions = sessions.try_borrow_mut().ok()?;
-            let at = sessions.iter().position(|s| s.generation == generation)?;
-            let removed = sessions.remove(at);
-            ACTIVE_GENERATION.with(|active| active.set(recording(&sessions)));
-            Some(removed)
-        })
-        .ok()
-        .flatten()
-}
-
-/// The generation that records on this thread: the newest session's, unless it is suspended.
-fn recording(sessions: &[SessionState]) -> u32 {
-    sessions
-        .last()
-        .filter(|session| session.suspended == 0)
-        .map_or(0, |session| session.generation)
-}
-
-/// Suspends the session `generation` while a forward pass that its filter leaves out runs:
-/// until [`resume`], tracepoints on this thread see no session. `false` when it is not there.
-pub(crate) fn suspend(generation: u32) -> bool {
-    set_suspended(generation, |depth| depth + 1)
-}
-
-/// Ends one [`suspend`] of the session `generation`.
-pub(crate) fn resume(generation: u32) {
-    set_suspended(generation, |depth| depth.saturating_sub(1));
-}
-
-fn set_suspended(generation: u32, change: impl FnOnce(usize) -> usize) -> bool {
-    SESSIONS
-        .try_with(|sessions| {
-            let Ok(mut sessions) = sessions.try_borrow_mut() else {
-                return false;
-            };
-            let Some(session) = sessions.iter_mut().find(|s| s.generation == generation) else {
-                return false;
-            };
-            session.suspended = change(session.suspended);
-            ACTIVE_GENERATION.with(|active| active.set(recording(&sessions)));
-            true
-        })
-        .unwrap_or(false)
-}
-
-/// What the session with `generation` wants of `callsite`; `None` when the state cannot be
-/// read right now (borrowed by a hook further up the stack).
-pub(crate) fn decide(generation: u32, callsite: &'static Callsite) -> Option<Interest> {
-    let decided = with_session(generation, |session| {
-        let key = std::ptr::from_ref(callsite) as usize;
-        let SessionState {
-            decisions,
-            config,
-            filter,
-            ..
-        } = session;
-        *decisions
-            .entry(key)
-            .or_insert_with(|| interest(config, filter, callsite.tracepoint()))
-    });
-    if decided.is_some() {
-        return decided;
-    }
-    let borrowed = SESSIONS
-        .try_with(|sessions| sessions.try_borrow_mut().is_err())
-        .unwrap_or(false);
-    // Not borrowed: the session is gone, and "never" is the right answer to cache.
-    (!borrowed).then_some(Interest::Never)
-}
-
-fn interest(config: &ModelTracerConfig, filter: &TraceFilter, tracepoint: &Tracepoint) -> Interest {
-    let admitted = filter.admits(tracepoint);
-    let records = |on: bool| {
-        if on && admitted {
-            Interest::Record
-        } else {
-            Interest::Never
-        }
-    };
-    match tracepoint.kind {
-        TracepointKind::Model => match (config.is_enabled(), filter.traces_pass(tracepoint)) {
-            (false, _) => Interest::Never,
-            (true, true) => Interest::Structure,
-            (true, false) => Interest::Suspend,
-        },
-        TracepointKind::Layer => {
-            // A layer the filter drops still runs (numbering, enclosing index) when something
-            // recorded inside it may be admitted; otherwise it costs a load and a branch.
-            let may = |on: bool, kind| on && filter.may_admit_kind(kind);
-            let needs_context = may(config.trace_activations, TracepointKind::Tensor)
-                || may(config.trace_activations, TracepointKind::Layer)
-                || may(config.trace_attention, TracepointKind::Attention)
-                || may(config.trace_logits, TracepointKind::Logits)
-                || may(config.trace_quant_error, TracepointKind::Quant)
-                || may(config.trace_kv_cache, TracepointKind::KvCache);
-            match (needs_context, config.trace_activations && admitted) {
-                (false, _) => Interest::Never,
-                (true, false) => Interest::Structure,
-                (true, true) => Interest::Record,
-            }
-        }
-        TracepointKind::Tensor => {
-            if !config.trace_activations {
-                Interest::Never
-            } else if admitted {
-                Interest::Record
-            } else if !filter.excludes(tracepoint) && filter.may_admit_kind(TracepointKind::Layer) {
-                Interest::InRecordedLayer
-            } else {
-                Interest::Never
-            }
-        }
-        TracepointKind::Attention => records(config.trace_attention),
-        TracepointKind::Logits => records(config.trace_logits),
-        TracepointKind::KvCache => records(config.trace_kv_cache),
-        TracepointKind::Quant => records(config.trace_quant_error),
-    }
-}
-
-/// Applies the interventions of the active session that select `stage` of `cs`'s tracepoint
-/// at `layer` to `tensor` (`None`: the value is not a tensor that can be changed), and writes
-/// an event for each change. The session is not borrowed while the tensor is read, changed and
-/// rebuilt. What cannot be done is an error of the tracepoint, never skipped silently.
-pub(crate) fn intervene(
-    generation: u32,
-    cs: &'static Callsite,
-    layer: Option<usize>,
-    stage: &str,
-    tensor: Option<&mut dyn TraceTensor>,
-) {
-    let tracepoint = cs.tracepoint();
-    let Some((selected, pass_position)) = with_session(generation, |s| {
-        s.has_interventions()
-            .then(|| s.interventions_for(tracepoint, layer, stage))
-    })
-    .flatten() else {
-        return;
-    };
-    if selected.is_empty() {
-        return;
-    }
-    let Some(tensor) = tensor else {
-        let text = selected[0].1.to_string();
-        cs.note_error(
-            RecordErrorKind::Intervention,
-            format!(
-                "intervention `{text}` selects `{stage}` here, which cannot be changed: not an \
-                 owned tensor (an `impl` or generic parameter, an `input = EXPR` that is no \
-                 parameter, an output borrowed from the input)"
-            ),
-        );
-        return;
-    };
-    let pass = with_session(generation, |s| s.pass_id()).flatten();
-    let shape = tensor.shape().into_owned();
-    let site = InterventionSite {
-        pass,
-        layer,
-        stage,
-        shape: &shape,
-    };
-    for (index, intervention) in selected {
-        let outcome = intervene::apply(&intervention, tensor, &site, pass_position);
-        if !matches!(outcome, Ok(None)) {
-            // Its `position=` rows outside this tensor's: not counted, so that one that never
-            // reaches a row is warned about at the end.
-            with_session(generation, |s| s.count_selection(index));
-        }
-        match outcome {
-            Ok(Some(applied)) => {
-                with_session(generation, |s| {
-                    s.record_intervention(index, tracepoint, layer, stage, applied);
-                });
-            }
-            Ok(None) => {}
-            Err(reason) => cs.note_error(
-                RecordErrorKind::Intervention,
-                format!("intervention `{intervention}` on `{stage}`: {reason}"),
-            ),
-        }
-    }
-}
 
 /// What a session needs to be set up: everything the builder gathered.
 pub(crate) struct SessionSetup {
@@ -377,12 +112,13 @@ pub(crate) struct SessionState {
     deferred: Deferred,
     /// Steps recorded per cache (by layer), to number each cache's steps.
     kv_steps: Vec<(Option<usize>, usize)>,
-    /// Passes left out by the filter that are running now (see [`suspend`]).
-    suspended: usize,
+    /// Passes left out by the filter that are running now (see
+    /// [`suspend`](super::registry::suspend)).
+    pub(super) suspended: usize,
     /// Whether the implicit pass was warned about.
     implicit_pass_warned: bool,
     /// The interventions, each with the number of tensors it selected.
-    interventions: Vec<(Intervention, usize)>,
+    pub(super) interventions: Vec<(Intervention, usize)>,
     ended: bool,
 }
 
@@ -474,6 +210,20 @@ impl SessionState {
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
+    }
+
+    /// What this session wants of `callsite`, decided the first time it asks.
+    pub(super) fn interest_in(&mut self, callsite: &'static Callsite) -> Interest {
+        let key = std::ptr::from_ref(callsite) as usize;
+        let Self {
+            decisions,
+            config,
+            filter,
+            ..
+        } = self;
+        *decisions
+            .entry(key)
+            .or_insert_with(|| interest(config, filter, callsite.tracepoint()))
     }
 
     /// Hands `event` to every sink that is still running, or holds it while the pass has reads
@@ -733,6 +483,11 @@ impl SessionState {
         self.pass.as_ref().map(|pass| pass.id)
     }
 
+    /// The open pass's first token position; 0 with no pass open.
+    pub(super) fn pass_position(&self) -> usize {
+        self.pass.as_ref().map_or(0, |pass| pass.position)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Layers
     // -----------------------------------------------------------------------------------------
@@ -977,108 +732,6 @@ impl SessionState {
                 self.kv_steps.push((layer, 1));
                 0
             }
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // Interventions
-    // -----------------------------------------------------------------------------------------
-
-    /// Whether the session has interventions at all: the one check a tracepoint makes when it
-    /// has none.
-    pub(crate) fn has_interventions(&self) -> bool {
-        !self.interventions.is_empty()
-    }
-
-    /// Whether an intervention selects `stage` of `tracepoint` at `layer` in the open pass.
-    pub(crate) fn intervenes(
-        &self,
-        tracepoint: &Tracepoint,
-        layer: Option<usize>,
-        stage: &str,
-    ) -> bool {
-        let pass = self.pass_id();
-        self.interventions
-            .iter()
-            .any(|(i, _)| i.selector().selects(tracepoint, pass, layer, stage))
-    }
-
-    /// The interventions that select `stage` of `tracepoint` at `layer` in the open pass, with
-    /// their index, and the pass's first token position.
-    pub(crate) fn interventions_for(
-        &self,
-        tracepoint: &Tracepoint,
-        layer: Option<usize>,
-        stage: &str,
-    ) -> (Vec<(usize, Intervention)>, usize) {
-        let pass = self.pass_id();
-        let selected = self
-            .interventions
-            .iter()
-            .enumerate()
-            .filter(|(_, (i, _))| i.selector().selects(tracepoint, pass, layer, stage))
-            .map(|(index, (i, _))| (index, i.clone()))
-            .collect();
-        (selected, self.pass.as_ref().map_or(0, |p| p.position))
-    }
-
-    /// Counts a tensor that intervention `index` changed (or failed to change, an error of its
-    /// own).
-    fn count_selection(&mut self, index: usize) {
-        if let Some((_, selected)) = self.interventions.get_mut(index) {
-            *selected += 1;
-        }
-    }
-
-    /// Writes the event of a change by intervention `index`.
-    fn record_intervention(
-        &mut self,
-        index: usize,
-        tracepoint: &'static Tracepoint,
-        layer: Option<usize>,
-        stage: &str,
-        applied: intervene::Applied,
-    ) {
-        let Some((intervention, _)) = self.interventions.get(index) else {
-            return;
-        };
-        let text = intervention.to_string();
-        let (tracepoint, function) = labels(Some(tracepoint));
-        let stage = Cow::Owned(stage.to_owned());
-        self.emit_record(|seq, pass| {
-            Event::Intervention(InterventionEvent {
-                seq,
-                pass,
-                layer,
-                stage,
-                tracepoint,
-                function,
-                intervention: text,
-                source: applied.source,
-                positions: applied.positions,
-                before_l2: applied.before_l2,
-                delta_l2: applied.delta_l2,
-            })
-        });
-    }
-
-    /// At the end: an intervention that changed nothing was most likely mistyped.
-    fn warn_unused_interventions(&mut self) {
-        let unused: Vec<String> = self
-            .interventions
-            .iter()
-            .filter(|(_, selected)| *selected == 0)
-            .map(|(intervention, _)| intervention.to_string())
-            .collect();
-        for text in unused {
-            let message = format!(
-                "intervention `{text}` changed nothing in the whole session: it selected no \
-                 tensor, or no row of one (check its stage=, layer=, pass= and position=; \
-                 model_trace::tracepoints() lists the tracepoints; a stage recorded with \
-                 `trace_tensor!` is only borrowed and cannot be changed: record it with \
-                 `trace_stage!`)"
-            );
-            self.note_error(None, RecordErrorKind::UnusedIntervention, message);
         }
     }
 
