@@ -195,6 +195,14 @@
 //! counted as one implicit pass), a filter pattern that matches nothing. Logits with a NaN, Inf
 //! or exploding value are an anomaly of their pass, like a broken layer.
 //!
+//! A setting of the environment that cannot be used (a `MODEL_TRACE` that does not parse, a
+//! `MODEL_TRACE_OUT` that cannot be created, ...) does not stop the program either:
+//! [`Session::start`] reports it in one line on stderr and in [`Session::errors`], and the
+//! session goes on without it. A [`SessionBuilder`]'s `start` does the same with what it reads
+//! from the environment, and returns an error only for what the program gave it in code;
+//! `try_start` ([`Session::try_start`], [`SessionBuilder::try_start`]) refuses the
+//! environment's values too.
+//!
 //! An attribute cannot see the type of its `impl` block, so `Model::forward` and
 //! `Block::forward` are both the function `forward` of their module. The second column of the
 //! listing is what tells tracepoints apart: the [selector](Tracepoint::selector), the shortest

@@ -642,6 +642,15 @@ mod enabled {
         forward(&X, 1, None);
         let errors = lenient.errors();
         let lenient = lenient.finish_with_errors().0;
+        // "Start" means the same on the builder: the environment's value is reported and
+        // skipped, and only `try_start` refuses it; a value given in code is an error.
+        let builder = || Session::builder(ModelTracerConfig::lightweight()).from_env();
+        let from_builder = builder()
+            .start()
+            .expect("the environment's filter is skipped");
+        let builder_errors = from_builder.finish_with_errors().1;
+        let builder_invalid = builder().try_start();
+        let given_invalid = builder().filter("bogus:*").start();
 
         // A filter given to the builder wins over the environment.
         std::env::set_var(FILTER_ENV_VAR, "attention:*");
@@ -663,6 +672,21 @@ mod enabled {
         assert!(invalid.is_err());
         assert_eq!(errors.len(), 1);
         assert!(errors[0].message.contains("bogus"), "{}", errors[0]);
+        assert!(
+            errors[0].message.starts_with("MODEL_TRACE: "),
+            "{}",
+            errors[0]
+        );
+        let messages = |errors: &[trace_runtime::RecordError]| {
+            errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(messages(&builder_errors), messages(&errors));
+        assert!(builder_invalid.is_err());
+        let given_invalid = given_invalid.expect_err("a filter given in code must parse");
+        assert!(
+            given_invalid.to_string().contains("bogus"),
+            "{given_invalid}"
+        );
         assert_eq!(
             layer_indices(&lenient),
             vec![vec![0]],

@@ -17,11 +17,15 @@
 //! * **The environment.** [`Session::start`] reads `MODEL_TRACE` (a [`TraceFilter`]),
 //!   `MODEL_TRACE_OUT` (a trace file), `MODEL_TRACE_CAPTURE` (a [`CaptureFilter`]),
 //!   `MODEL_TRACE_PATCH` (interventions) and `MODEL_TRACE_ISOLATE` (a reference to feed every
-//!   layer); a value
-//!   that cannot be used is reported in one line on stderr and in [`Session::errors`], and the
-//!   session goes on without it ([`Session::try_start`] returns the error instead). A
-//!   [`SessionBuilder`] reads the environment only when asked ([`SessionBuilder::from_env`]);
-//!   [`Session::with_filter`] reads nothing.
+//!   layer). A [`SessionBuilder`] reads the environment only when asked
+//!   ([`SessionBuilder::from_env`]); [`Session::with_filter`] reads nothing.
+//! * **Starting.** "Start" means one thing, on [`Session`] and on [`SessionBuilder`]: what the
+//!   environment says is the shell's, not the program's, so a value there that cannot be used is
+//!   reported in one line on stderr and in [`Session::errors`], and the session goes on without
+//!   it; what the program gave the builder in code must work, and is an error of
+//!   [`SessionBuilder::start`] when it does not. [`Session::start`] is given nothing in code, so
+//!   it cannot fail. `try_start` ([`Session::try_start`], [`SessionBuilder::try_start`]) makes
+//!   the environment's values errors too; [`SessionBuilder::start_lenient`] makes none an error.
 //! * **Filters.** The filter selects what is *recorded*. `layer` tracepoints keep the structure
 //!   of the pass (layer numbering, the enclosing layer of attention and logits) even when
 //!   filtered out, so `MODEL_TRACE=attention:*` still gives attention records the right layer
@@ -188,17 +192,27 @@ impl Session {
     /// Starts recording on this thread with the settings of the environment: `MODEL_TRACE`
     /// filters, `MODEL_TRACE_OUT` writes a trace file, `MODEL_TRACE_CAPTURE` saves tensors,
     /// `MODEL_TRACE_PATCH` and `MODEL_TRACE_ISOLATE` change tensors ([`SessionBuilder::intervene`],
-    /// [`SessionBuilder::isolate`]). A
-    /// value that cannot be used is reported on stderr and in [`errors`](Self::errors), and
-    /// ignored.
+    /// [`SessionBuilder::isolate`]).
+    ///
+    /// A setting of the environment that is wrong never stops the program: a value that cannot
+    /// be used (a filter that does not parse, a trace file that cannot be created, a reference
+    /// without captures to isolate on) is reported in one line on stderr and in
+    /// [`errors`](Self::errors), and the session goes on without it:
+    ///
+    /// ```text
+    /// model-trace: MODEL_TRACE_OUT: cannot create the trace file /no/such/dir/run.ndjson: No such file or directory (os error 2); going on without a trace file
+    /// ```
+    ///
+    /// This is `Session::builder(config).from_env().start()` ([`SessionBuilder::start`]), which
+    /// cannot fail when the builder was given nothing itself.
     pub fn start(config: ModelTracerConfig) -> Self {
         Session::builder(config).from_env().start_lenient()
     }
 
-    /// Like [`start`](Self::start), but a value of the environment that cannot be used is an
-    /// error.
+    /// [`start`](Self::start), but a value of the environment that cannot be used is an error
+    /// ([`SessionBuilder::try_start`]).
     pub fn try_start(config: ModelTracerConfig) -> Result<Self, SessionError> {
-        Session::builder(config).from_env().start()
+        Session::builder(config).from_env().try_start()
     }
 
     /// Starts recording only the tracepoints that `filter` admits (syntax on [`TraceFilter`]),

@@ -185,8 +185,8 @@ impl SessionBuilder {
     /// `MODEL_TRACE_ISOLATE` sets it when the builder reads the environment.
     ///
     /// A reference that cannot be read, or that has no captures, is an error when the session
-    /// starts ([`start_lenient`](Self::start_lenient): the session goes on without isolation,
-    /// and says so).
+    /// starts; named by `MODEL_TRACE_ISOLATE` (or with [`start_lenient`](Self::start_lenient)),
+    /// the session goes on without isolation, and says so.
     pub fn isolate(mut self, path: impl AsRef<Path>) -> Self {
         self.isolate = Setting::Given(path.as_ref().to_string_lossy().into_owned());
         self
@@ -201,6 +201,8 @@ impl SessionBuilder {
     /// Reads `MODEL_TRACE`, `MODEL_TRACE_OUT`, `MODEL_TRACE_CAPTURE`, `MODEL_TRACE_PATCH` and
     /// `MODEL_TRACE_ISOLATE` for what the builder was not given explicitly
     /// (`MODEL_TRACE_PATCH`'s interventions come before those given to the builder).
+    /// A value there that cannot be used is reported, and the session goes on without it (see
+    /// [`start`](Self::start); [`try_start`](Self::try_start) makes it an error).
     pub fn from_env(mut self) -> Self {
         self.from_env = true;
         self
@@ -249,7 +251,9 @@ impl SessionBuilder {
     /// The rank from `RANK` and `WORLD_SIZE`, as distributed launchers set them, and the run
     /// from `MODEL_TRACE_RUN`: see [`rank`](Self::rank). Neither variable set: no rank. One
     /// without the other, a value that is not a number, or a rank not below the world size is
-    /// an error when the session starts.
+    /// reported when the session starts, which goes on without a rank (as with any value of
+    /// the environment: see [`start`](Self::start); [`try_start`](Self::try_start) makes it an
+    /// error).
     pub fn rank_from_env(mut self) -> Self {
         self.rank = RankSetting::FromEnv;
         self
@@ -314,11 +318,30 @@ impl SessionBuilder {
 
     /// Starts the session on this thread.
     ///
+    /// What the environment says ([`from_env`](Self::from_env),
+    /// [`rank_from_env`](Self::rank_from_env)) is the shell's, not the program's: a value there
+    /// that cannot be used (a `MODEL_TRACE` that does not parse, a `MODEL_TRACE_OUT` that cannot
+    /// be created, ...) is reported in one line on stderr and in [`Session::errors`], and the
+    /// session goes on without it, as with [`Session::start`]. What the builder was given in
+    /// code must work.
+    ///
     /// # Errors
     ///
-    /// A filter or capture filter that does not parse, a trace file that cannot be created
-    /// (the error names the path), or a capture without a trace file.
+    /// A value given to the builder that cannot be used: a filter or capture filter that does
+    /// not parse, a trace file that cannot be created (the error names the path), a capture
+    /// without a trace file, a rank not below the world size, a reference to isolate on that
+    /// cannot be replayed.
     pub fn start(self) -> Result<Session, SessionError> {
+        self.build(Unusable::ErrorIfGiven)
+    }
+
+    /// [`start`](Self::start), but a value of the environment that cannot be used is an error
+    /// too, for a program that would rather stop than run without what its caller set.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`start`](Self::start), and the same for each value read from the environment.
+    pub fn try_start(self) -> Result<Session, SessionError> {
         self.build(Unusable::Error)
     }
 

@@ -29,8 +29,11 @@ use crate::tracepoint::tracepoints;
 /// What starting a session does with a value it cannot use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unusable {
-    /// An error ([`SessionBuilder::start`]).
+    /// An error, wherever the value came from ([`SessionBuilder::try_start`]).
     Error,
+    /// An error when the value was given in code; one read from the environment is reported
+    /// and skipped ([`SessionBuilder::start`]).
+    ErrorIfGiven,
     /// Reported and skipped ([`SessionBuilder::start_lenient`]).
     Skipped,
 }
@@ -69,7 +72,12 @@ impl Refusals {
         origin: Origin,
         instead: &str,
     ) -> Result<(), SessionError> {
-        if self.unusable == Unusable::Error {
+        let stops = match self.unusable {
+            Unusable::Error => true,
+            Unusable::ErrorIfGiven => origin == Origin::Given,
+            Unusable::Skipped => false,
+        };
+        if stops {
             return Err(error);
         }
         // `MODEL_TRACE_PATCH`'s error names its variable itself.
