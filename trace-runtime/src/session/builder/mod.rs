@@ -251,9 +251,8 @@ impl SessionBuilder {
     /// The rank from `RANK` and `WORLD_SIZE`, as distributed launchers set them, and the run
     /// from `MODEL_TRACE_RUN`: see [`rank`](Self::rank). Neither variable set: no rank. One
     /// without the other, a value that is not a number, or a rank not below the world size is
-    /// reported when the session starts, which goes on without a rank (as with any value of
-    /// the environment: see [`start`](Self::start); [`try_start`](Self::try_start) makes it an
-    /// error).
+    /// an error of [`start`](Self::start), unlike the other values of the environment: ranks
+    /// going on without their rank would all write the same file, each over the others'.
     pub fn rank_from_env(mut self) -> Self {
         self.rank = RankSetting::FromEnv;
         self
@@ -318,8 +317,8 @@ impl SessionBuilder {
 
     /// Starts the session on this thread.
     ///
-    /// What the environment says ([`from_env`](Self::from_env),
-    /// [`rank_from_env`](Self::rank_from_env)) is the shell's, not the program's: a value there
+    /// What the environment says ([`from_env`](Self::from_env)) is the shell's, not the
+    /// program's: a value there
     /// that cannot be used (a `MODEL_TRACE` that does not parse, a `MODEL_TRACE_OUT` that cannot
     /// be created, ...) is reported in one line on stderr and in [`Session::errors`], and the
     /// session goes on without it, as with [`Session::start`]. What the builder was given in
@@ -329,7 +328,8 @@ impl SessionBuilder {
     ///
     /// A value given to the builder that cannot be used: a filter or capture filter that does
     /// not parse, a trace file that cannot be created (the error names the path), a capture
-    /// without a trace file, a rank not below the world size, a reference to isolate on that
+    /// without a trace file, a rank not below the world size (given, or from `RANK` and
+    /// `WORLD_SIZE` with [`rank_from_env`](Self::rank_from_env)), a reference to isolate on that
     /// cannot be replayed.
     pub fn start(self) -> Result<Session, SessionError> {
         self.build(Unusable::ErrorIfGiven)

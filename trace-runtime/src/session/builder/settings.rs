@@ -141,7 +141,7 @@ impl SessionBuilder {
         if !cfg!(feature = "enabled") {
             return Ok(Session::inert(self.config));
         }
-        let rank = self.resolve_rank(&mut refusals)?;
+        let rank = self.resolve_rank()?;
         let (capture, capture_origin) = self.resolve_capture(&mut refusals)?;
         let mut interventions = self.resolve_patch(&mut refusals)?;
         let isolation = self.resolve_isolation(&mut refusals)?;
@@ -206,25 +206,10 @@ impl SessionBuilder {
     }
 
     /// The rank and world size: given, or from `RANK` and `WORLD_SIZE`; none without either.
-    fn resolve_rank(
-        &self,
-        refusals: &mut Refusals,
-    ) -> Result<Option<(usize, usize)>, SessionError> {
-        match self.rank_and_world_size() {
-            Ok(rank) => Ok(rank),
-            Err(error) => {
-                let origin = match self.rank {
-                    RankSetting::FromEnv => Origin::Env("RANK and WORLD_SIZE"),
-                    _ => Origin::Given,
-                };
-                refusals.refuse(error, origin, "going on without a rank")?;
-                Ok(None)
-            }
-        }
-    }
-
-    /// The rank and world size the builder was given or the environment says.
-    fn rank_and_world_size(&self) -> Result<Option<(usize, usize)>, SessionError> {
+    /// An unusable one is an error even when it comes from the environment: the program asked
+    /// for a rank (`rank_from_env`), and ranks going on without one would all write the same
+    /// file, each over the others'.
+    fn resolve_rank(&self) -> Result<Option<(usize, usize)>, SessionError> {
         let (rank, world_size) = match self.rank {
             RankSetting::None => return Ok(None),
             RankSetting::Given { rank, world_size } => (rank, world_size),
@@ -487,13 +472,13 @@ mod tests {
     #[test]
     fn a_rank_must_be_below_the_world_size() {
         let builder = Session::builder(ModelTracerConfig::lightweight()).rank(2, 2);
-        let error = builder.rank_and_world_size().unwrap_err();
+        let error = builder.resolve_rank().unwrap_err();
         assert_eq!(
             error.to_string(),
             "rank: rank 2 is not below the world size 2"
         );
         let builder = Session::builder(ModelTracerConfig::lightweight()).rank(1, 2);
-        assert_eq!(builder.rank_and_world_size().unwrap(), Some((1, 2)));
+        assert_eq!(builder.resolve_rank().unwrap(), Some((1, 2)));
     }
 
     #[test]
