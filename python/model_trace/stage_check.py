@@ -298,7 +298,7 @@ def check_captured_trace(path: str, pass_index: int = 0, tolerance: float = TOLE
 
     header, events = read_trace(path)
     extra = (header.get("metadata") or {}).get("extra") or {}
-    multiplier = _multiplier(extra.get("residual_multiplier"))
+    multiplier = parse_multiplier(extra.get("residual_multiplier"))
     directory = os.path.dirname(os.path.abspath(path))
     layers: Dict[int, Dict[str, np.ndarray]] = {}
     files: Dict[str, object] = {}
@@ -316,7 +316,9 @@ def check_captured_trace(path: str, pass_index: int = 0, tolerance: float = TOLE
     return check_layers(layers, multiplier, tolerance)
 
 
-def _multiplier(text: Optional[str]) -> float:
+def parse_multiplier(text: Optional[str]) -> float:
+    """A residual multiplier as a header's ``metadata.extra.residual_multiplier`` writes it (a
+    decimal number), as a float: 1 when it is absent or not a number."""
     if text is None:
         return 1.0
     try:

@@ -273,7 +273,7 @@ def trace(
     for key, value in (metadata or {}).items():
         # A caller's extra keys join the tracer's (theirs win, but for whether the check runs).
         meta[key] = {**extra, **value} if key == "extra" else value
-    multiplier = stage_check._multiplier(meta["extra"].get("residual_multiplier"))
+    multiplier = stage_check.parse_multiplier(meta["extra"].get("residual_multiplier"))
     checked_key = _checked_key(architecture, multiplier)
     passed_earlier = check_stages and inference is None and checked_key in _PASSED.get(model, ())
     check_stages = check_stages and not passed_earlier
@@ -476,7 +476,7 @@ class _Run:
         self.record_attention, self.replay, self.check = record_attention, replay, check
         self.layer_name = type(layers[0][2]).__name__
         self.handles: List[Any] = []
-        writer.stage_check = check  # type: ignore[attr-defined]
+        writer.stage_check = check
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -719,7 +719,7 @@ class _Inference:
             call = by_path[source[0]]
             run.record_stage(index, stage, source, f"{path}.{source[0]}",
                              call["input"] if source[1] == "input" else call["output"])
-        _rewrite_header(run.writer, architecture, _tracepoints(run.model, run.layers, architecture))
+        run.writer.rewrite_header(_tracepoints(run.model, run.layers, architecture), {"architecture": architecture.name})
         warnings.warn(f"model_trace.torch: blocks of class {architecture.layer_class} are of no known family; the "
                       f"stages inferred from the first pass (they satisfy the stage check on layer {index}) are, to "
                       f"pass as architecture= (from model_trace.families import Architecture):\n"
@@ -741,25 +741,6 @@ def _host(tensor: Any) -> Optional[np.ndarray]:
     import torch
 
     return None if tensor is None else tensor.to(torch.float32).cpu().numpy()
-
-
-def _rewrite_header(writer: TraceWriter, architecture: Architecture, tracepoints: List[Dict[str, Any]]) -> None:
-    """The header line of ``writer``'s file with the inferred architecture's name and stage
-    tracepoints (it was written before the first pass, when they were not known)."""
-    import json
-
-    from .format import dumps
-
-    writer.file.flush()
-    with open(writer.path, "r", encoding="utf-8") as file:
-        header_line = file.readline()
-        rest = file.read()
-    header = json.loads(header_line)
-    header["tracepoints"] = tracepoints
-    header.setdefault("metadata", {}).setdefault("extra", {})["architecture"] = architecture.name
-    writer.file.seek(0)
-    writer.file.truncate()
-    writer.file.write(dumps(header) + "\n" + rest)
 
 
 class _Captures:
@@ -801,7 +782,7 @@ class _Captures:
         shape, dtype and device), the event written, and the hook's new (args, kwargs)."""
         import torch
 
-        pass_index = writer._ensure_pass()
+        pass_index = writer.ensure_pass()
         replayed = self.values(pass_index, layer, "input")
         if replayed.size != hidden.numel():
             raise ValueError(f"isolate: pass {pass_index}, layer {layer}: the capture holds {replayed.size} values, "

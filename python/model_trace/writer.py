@@ -4,6 +4,7 @@ PyTorch hooks of :mod:`model_trace.torch` drive it."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -196,6 +197,9 @@ class TraceWriter:
         #: Pending values not yet waited for, and what is to be done once they are read.
         self._waiting: List[Pending] = []
         self._after_wait: List[Callable[[], None]] = []
+        #: The stage check of the tracer writing this file, where it runs one (``model_trace.torch``
+        #: sets it: ``writer.stage_check.report()``); None otherwise.
+        self.stage_check: Optional[Any] = None
         header = {
             "event": "header",
             "format": FORMAT_NAME,
@@ -216,6 +220,24 @@ class TraceWriter:
         if isolate is not None:
             header["isolate"] = isolate
         self.file.write(dumps(header) + "\n")
+
+    def rewrite_header(self, tracepoints: Optional[Sequence[Dict[str, Any]]] = None,
+                       extra: Optional[Dict[str, str]] = None) -> None:
+        """Rewrites the header line written when the writer opened: its ``tracepoints`` replaced,
+        ``extra`` merged into its ``metadata.extra``. For what a tracer learns only from the
+        first pass (``model_trace.torch``'s inferred stages); the file is written again from
+        the start, so call it early."""
+        self.file.flush()
+        with open(self.path, "r", encoding="utf-8") as file:
+            header = json.loads(file.readline())
+            rest = file.read()
+        if tracepoints is not None:
+            header["tracepoints"] = list(tracepoints)
+        if extra:
+            header.setdefault("metadata", {}).setdefault("extra", {}).update(extra)
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(dumps(header) + "\n" + rest)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -389,7 +411,8 @@ class TraceWriter:
         self._write_pending()
         self.file.flush()
 
-    def _ensure_pass(self) -> int:
+    def ensure_pass(self) -> int:
+        """The index of the pass open now: one begun (with no tracepoint) if none is."""
         if self.pass_index is None:
             self.begin_pass(tracepoint="", function="")
         return self.pass_index  # type: ignore[return-value]
@@ -397,7 +420,7 @@ class TraceWriter:
     # -- layers --------------------------------------------------------------------------------
 
     def begin_layer(self, layer: int, tracepoint: str, function: str) -> None:
-        self._ensure_pass()
+        self.ensure_pass()
         self.pass_layers += 1
         self.layers.append({
             "event": "layer",
@@ -500,7 +523,7 @@ class TraceWriter:
                top_k: int = 5, dtype: Optional[str] = None) -> None:
         """Logits ``[vocab]``, ``[batch, vocab]`` or ``[batch, seq, vocab]``: the summary and the
         next-token row of each batch row (of a :class:`Pending`, once it is read)."""
-        self._ensure_pass()
+        self.ensure_pass()
         array, dtype = self._own(logits, dtype)
         seq = self.next_seq()
         rows: List[Dict[str, Any]] = []
