@@ -18,8 +18,9 @@ another version is refused). Built with ``CMAKE_ARGS="-DGGML_NATIVE=OFF"``.
 
 A pass is one graph run (one ``llama_decode``). Stages come from llama.cpp's node names, which
 differ by architecture: each architecture (the GGUF's ``general.architecture``) has a
-declarative :class:`NodeTable` in :data:`TABLES`, read from its graph builder in the llama.cpp
-that llama-cpp-python 0.3.36 vendors (``src/models/<architecture>.cpp``). Per layer ``N`` (the
+declarative :class:`NodeTable` in its family's file (``model_trace/families/<family>.py``,
+collected in :data:`TABLES`), read from its graph builder in the llama.cpp that
+llama-cpp-python 0.3.36 vendors (``src/models/<architecture>.cpp``). Per layer ``N`` (the
 table of every architecture: ``docs/trace-format.md``), for Llama:
 
 =========================  ==============================================
@@ -36,13 +37,9 @@ llama.cpp node             stage
 ``result_output``          logits (the pass's last row, ``[1, vocab]``, as the port records them)
 =========================  ==============================================
 
-and for Gemma 3: ``inp_scaled`` (the embeddings times sqrt(width)) is layer 0's ``input``,
-``Qcur_normed-N``/``Kcur_normed-N`` are ``q_norm``/``k_norm`` (``[1, seq, heads, head_dim]``,
-before RoPE, as transformers' ``q_norm``/``k_norm`` return them), ``attn_post_norm-N`` is
-``attn_post_norm``, ``sa_out-N`` is ``resid_mid``, ``ffn_norm-N`` is ``mlp_in``
-(``pre_feedforward_layernorm``), ``ffn_out-N`` is ``mlp_out``, ``ffn_post_norm-N`` is
-``mlp_post_norm``. Where an architecture does not name its attention output (all but Llama
-and Granite), ``attn_out`` is the node that multiplies by the layer's ``blk.N.attn_output.weight``
+and each family's file says what its graph names otherwise (Gemma 3's ``inp_scaled``,
+``Qcur_normed-N``, ``sa_out-N``, ...). Where an architecture does not name its attention output
+(all but Llama and Granite), ``attn_out`` is the node that multiplies by the layer's ``blk.N.attn_output.weight``
 (or adds its ``blk.N.attn_output.bias`` after that); Phi-3's unnamed ``resid_mid`` is the add
 that takes that node as an operand. A node a table expects and the graph did
 not compute is a warning (:class:`MissingNodeWarning`) once per node and run, never a silent
@@ -75,129 +72,17 @@ import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from .families import TABLES
+from .families.layouts import ATTN_PROJECTION, ATTN_RESIDUAL, NodeTable
 from .filter import CaptureFilter, Tracepoint
 from .writer import TraceWriter
 
 #: The llama-cpp-python version whose ``ggml_tensor`` layout :class:`_GgmlTensor` copies.
 LLAMA_CPP_PYTHON = "0.3.36"
-
-#: The pseudo-node of a table that is the attention's output projection: the node whose operand
-#: is the layer's ``blk.N.attn_output.weight`` (a matmul), or, after it, ``blk.N.attn_output.bias``
-#: (the bias add), for graphs that leave that node unnamed.
-ATTN_PROJECTION = "@attn_output"
-#: The pseudo-node that is the sum of the attention's output and the residual stream: the first
-#: add whose operand is the attention projection (or the last layer's row selection of it), for
-#: graphs that leave it unnamed (Phi-3).
-ATTN_RESIDUAL = "@attn_residual"
-
-
-@dataclass(frozen=True)
-class NodeTable:
-    """How one llama.cpp architecture's graph names what a layer computes.
-
-    ``embeddings``: the global node that is layer 0's ``input`` (the embeddings as the model
-    scales them). ``stages``: ``(stage, candidate nodes)`` in the order a layer computes them;
-    the first candidate the graph computed is taken (``ffn_out`` of a dense layer, ``ffn_moe_out``
-    of a MoE one). Node names are without their ``-N``. ``unnumbered``: nodes a layer names
-    without its number (``cb(..., -1)`` inside the layer loop: Gemma 2's and OLMo 2's
-    ``ffn_post_norm``), taken as the layer of the numbered node before them. ``variants``:
-    ``(node, stages)``: where the graph computed that node, these stages replace ``stages``
-    (Falcon's new architecture, whose second attention norm moves the first to the MLP).
-    ``residual_scale``: the GGUF key of a multiplier of the residual branches (Granite).
-    ``qk_per_head``: the query/key norms are per head (``[1, seq, heads, head_dim]``, Gemma 3,
-    Qwen 3) rather than over the whole projection (``[1, seq, heads*head_dim]``, OLMo 2)."""
-
-    architecture: str
-    embeddings: str
-    stages: Tuple[Tuple[str, Tuple[str, ...]], ...]
-    unnumbered: FrozenSet[str] = frozenset()
-    variants: Tuple[Tuple[str, Tuple[Tuple[str, Tuple[str, ...]], ...]], ...] = ()
-    residual_scale: Optional[str] = None
-    qk_per_head: bool = True
-
-    def nodes(self) -> FrozenSet[str]:
-        """Every node name (pseudo-nodes included) a layer of this table may read."""
-        every = [self.stages] + [stages for _, stages in self.variants]
-        names = {node for stages in every for _, candidates in stages for node in candidates}
-        return frozenset(names | {marker for marker, _ in self.variants} | {"kq_soft_max"})
-
-    def stages_for(self, computed: Iterable[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
-        """The stages of a graph that computed the nodes ``computed`` (its variant's, if any)."""
-        present = set(computed)
-        for marker, stages in self.variants:
-            if marker in present:
-                return stages
-        return self.stages
-
-
-def _pre_norm(attn_out: Tuple[str, ...] = (ATTN_PROJECTION,), mlp_out: Tuple[str, ...] = ("ffn_out",),
-              qk: bool = False) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
-    """A pre-norm block's stages, as most of llama.cpp's graphs name them."""
-    return (("attn_in", ("attn_norm",)),
-            *((("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",))) if qk else ()),
-            ("attn_out", attn_out), ("resid_mid", ("ffn_inp",)), ("mlp_in", ("ffn_norm",)),
-            ("mlp_out", mlp_out), ("output", ("l_out",)))
-
-
-def _sandwich(qk: bool, post_norms: bool) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
-    """Gemma's blocks: ``sa_out`` is the stream between the sub-blocks; Gemma 2 and 3 add the
-    post-norms that join the stream."""
-    return (("attn_in", ("attn_norm",)),
-            *((("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",))) if qk else ()),
-            ("attn_out", (ATTN_PROJECTION,)),
-            *((("attn_post_norm", ("attn_post_norm",)),) if post_norms else ()),
-            ("resid_mid", ("sa_out",)), ("mlp_in", ("ffn_norm",)), ("mlp_out", ("ffn_out",)),
-            *((("mlp_post_norm", ("ffn_post_norm",)),) if post_norms else ()),
-            ("output", ("l_out",)))
-
-
-def _tables(*tables: NodeTable) -> Dict[str, NodeTable]:
-    return {table.architecture: table for table in tables}
-
-
-#: The node tables, by llama.cpp architecture (``general.architecture``). Transformers' Mistral
-#: and Mixtral convert to ``llama``.
-TABLES: Dict[str, NodeTable] = _tables(
-    NodeTable("llama", "embd", _pre_norm(attn_out=("attn_out",), mlp_out=("ffn_out", "ffn_moe_out"))),
-    NodeTable("qwen2", "embd", _pre_norm()),
-    # ffn_out: the routed experts' ffn_moe_out plus the gated shared expert.
-    NodeTable("qwen2moe", "embd", _pre_norm()),
-    NodeTable("qwen3", "embd", _pre_norm(qk=True)),
-    NodeTable("qwen3moe", "embd", _pre_norm(mlp_out=("ffn_moe_out",), qk=True)),
-    NodeTable("gemma", "inp_scaled", _sandwich(qk=False, post_norms=False)),
-    NodeTable("gemma2", "inp_scaled", _sandwich(qk=False, post_norms=True),
-              unnumbered=frozenset({"ffn_post_norm"})),
-    NodeTable("gemma3", "inp_scaled", _sandwich(qk=True, post_norms=True)),
-    # The sum of the attention and the stream is unnamed.
-    NodeTable("phi3", "embd", (("attn_in", ("attn_norm",)), ("attn_out", (ATTN_PROJECTION,)),
-                               ("resid_mid", (ATTN_RESIDUAL,)), ("mlp_in", ("ffn_norm",)),
-                               ("mlp_out", ("ffn_out", "ffn_moe_out")), ("output", ("l_out",)))),
-    # No pre-norms; the query/key norms span the whole projection ([1, seq, heads*head_dim]).
-    NodeTable("olmo2", "embd", (("q_norm", ("Qcur_normed",)), ("k_norm", ("Kcur_normed",)),
-                                ("attn_out", (ATTN_PROJECTION,)), ("attn_post_norm", ("attn_post_norm",)),
-                                ("resid_mid", ("ffn_inp",)), ("mlp_out", ("ffn_out",)),
-                                ("mlp_post_norm", ("ffn_post_norm",)), ("output", ("l_out",))),
-              unnumbered=frozenset({"ffn_post_norm"}), qk_per_head=False),
-    # embd carries the embedding multiplier; attn_out and ffn_out are before the residual scale.
-    NodeTable("granite", "embd", _pre_norm(attn_out=("attn_out",), mlp_out=("ffn_out", "ffn_moe_out")),
-              residual_scale="granite.residual_scale"),
-    NodeTable("starcoder2", "embd", _pre_norm()),
-    NodeTable("stablelm", "embd", _pre_norm()),
-    # Parallel: attention and MLP both read the stream, no resid_mid. The new architecture
-    # (attn_norm_2 = ln_attn) gives the MLP its own norm, attn_norm (= ln_mlp).
-    NodeTable("falcon", "embd", (("attn_in", ("attn_norm",)), ("attn_out", (ATTN_PROJECTION,)),
-                                 ("mlp_out", ("ffn_out",)), ("output", ("l_out",))),
-              variants=(("attn_norm_2", (("attn_in", ("attn_norm_2",)), ("mlp_in", ("attn_norm",)),
-                                         ("attn_out", (ATTN_PROJECTION,)), ("mlp_out", ("ffn_out",)),
-                                         ("output", ("l_out",)))),)),
-    # inpL: the token embeddings plus the learned position embeddings.
-    NodeTable("gpt2", "inpL", _pre_norm()),
-)
 
 #: Global nodes read besides a table's embeddings: the logits.
 LOGITS = "result_output"

@@ -19,7 +19,6 @@ stage map raises :class:`StageMapError` instead of writing a trace that diffs wr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import re
 import weakref
@@ -32,6 +31,7 @@ from .attention import attention_rows
 from .families import (BERT, FALCON_NEW_ARCHITECTURE, FALCON_PARALLEL, FALCON_SEQUENTIAL, FAMILIES, GEMMA,  # noqa: F401
                        GEMMA2, GEMMA3, GPT2, GRANITE, HEADS_FIRST, LLAMA, MISTRAL, MIXTRAL, OLMO2, PHI3, QWEN2,
                        QWEN2_MOE, QWEN3, QWEN3_MOE, STABLELM, STABLELM_PARALLEL, STARCODER2, Architecture)
+from .families.name_maps import RESERVED, module_names, module_stage  # noqa: F401  (RESERVED, module_names: exported)
 from .stage_check import StageMapError
 from .filter import CaptureFilter, Tracepoint
 from .format import read_trace
@@ -55,27 +55,6 @@ def detect(model: Any, modules: Optional[Dict[str, Any]] = None) -> Architecture
             f"{sorted({c for c in classes if 'Layer' in c or 'Block' in c})}); pass architecture=Architecture(...)"
         )
     return architecture
-
-
-def module_names(architecture: Architecture) -> Architecture:
-    """The same architecture recording each stage under its module's name (``self_attn``,
-    ``post_attention_layernorm:input``) instead of the stage vocabulary: what the ``llama`` and
-    ``bert`` presets of ``model-trace diff --map`` translate back."""
-    stages = {_module_stage(source[0], source[1]): source for source in architecture.stages.values()}
-    return dataclasses.replace(architecture, stages=stages)
-
-
-#: Names a stage cannot have: records of their own (`attention`, `logits`) and the layer's
-#: `input` and `output`.
-RESERVED = ("attention", "logits", "input", "output")
-
-
-def _module_stage(path: str, which: str) -> str:
-    """A module's stage name: its path, `:input` for its input, `:output` where the path alone
-    would be a reserved name (BERT's `attention` module)."""
-    if which == "input":
-        return f"{path}:input"
-    return f"{path}:output" if path in RESERVED else path
 
 
 #: Device types whose tensors are copied to host memory asynchronously (:class:`_HostCopy`):
@@ -490,7 +469,7 @@ class _Run:
         return self.captures.captures(tracepoint, self.writer.pass_index, layer)
 
     def recorded_name(self, stage: str, source: Tuple[str, ...]) -> str:
-        return _module_stage(source[0], source[1]) if self.names == "modules" else stage
+        return module_stage(source[0], source[1]) if self.names == "modules" else stage
 
     def record_stage(self, index: int, stage: str, source: Tuple[str, ...], path: str, tensor: Any) -> None:
         """One stage's tensor (as its module gave it) written, and kept for the check."""

@@ -69,6 +69,17 @@ def test_every_llama_cpp_architecture_with_a_table_has_a_case():
     assert set(CASES) == set(tiny_gguf.CONFIGS)
 
 
+def test_each_case_converts_to_the_architecture_its_family_file_says():
+    """llama.cpp's converter writes the architecture a family file declares (Mistral's and
+    Mixtral's GGUFs are ``llama``): the cases are transformers' model types."""
+    from model_trace import families
+
+    by_name = {families.family_name(family): family for family in families.FAMILY_FILES}
+    for case, (architecture, _, _) in CASES.items():
+        family = by_name[{"gemma3_text": "gemma3", "falcon_new": "falcon"}.get(case, case)]
+        assert families.gguf_architecture(family) == architecture, case
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_llama_cpp_runs_the_node_table_and_the_stage_check_holds(case, ggufs, tmp_path):
     architecture, stages, identities = CASES[case]

@@ -38,26 +38,8 @@ impl fmt::Display for NameMapError {
 
 impl std::error::Error for NameMapError {}
 
-/// The Python writer's module names of Llama blocks (`names="modules"`), and the leaf modules
-/// of transformers' `model_addition_debugger_context`, in the stage vocabulary.
-const LLAMA: &str = "
-layer.{i}.input_layernorm = layer.{i}.attn_in
-layer.{i}.self_attn = layer.{i}.attn_out
-layer.{i}.self_attn.o_proj = layer.{i}.attn_out
-layer.{i}.post_attention_layernorm:input = layer.{i}.resid_mid
-layer.{i}.post_attention_layernorm = layer.{i}.mlp_in
-layer.{i}.mlp = layer.{i}.mlp_out
-layer.{i}.mlp.down_proj = layer.{i}.mlp_out
-";
-
-/// The same for BERT layers.
-const BERT: &str = "
-layer.{i}.attention.output.dense = layer.{i}.attn_out
-layer.{i}.attention:output = layer.{i}.resid_mid
-layer.{i}.attention.output.LayerNorm = layer.{i}.resid_mid
-layer.{i}.output.dense = layer.{i}.mlp_out
-layer.{i}.output.LayerNorm = layer.{i}.output
-";
+// The presets' rules, generated from the Python package's family files.
+mod presets;
 
 impl NameMap {
     /// The identity.
@@ -67,18 +49,18 @@ impl NameMap {
 
     /// The presets: `llama` and `bert`, the module names of transformers' blocks (as the
     /// Python writer records them with `names="modules"`, and as converted
-    /// `model_addition_debugger_context` traces have them) in the stage vocabulary.
+    /// `model_addition_debugger_context` traces have them) in the stage vocabulary. Their rules
+    /// come from the family files of the Python package (`python/model_trace/families/`), which
+    /// the Python tracer reads too.
     pub fn preset(name: &str) -> Option<Self> {
-        let text = match name {
-            "llama" => LLAMA,
-            "bert" => BERT,
-            _ => return None,
-        };
-        Self::parse(text).ok()
+        let (_, rules) = presets::PRESETS
+            .iter()
+            .find(|(preset, _)| *preset == name)?;
+        Self::parse(rules).ok()
     }
 
     /// Names of the presets.
-    pub const PRESETS: [&'static str; 2] = ["llama", "bert"];
+    pub const PRESETS: [&'static str; presets::PRESETS.len()] = preset_names();
 
     /// Parses rules, one per line: `FROM = TO`; blank lines and `#` comments are skipped.
     pub fn parse(text: &str) -> Result<Self, NameMapError> {
@@ -137,6 +119,17 @@ impl NameMap {
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
+}
+
+/// The first element of each preset, in a constant.
+const fn preset_names() -> [&'static str; presets::PRESETS.len()] {
+    let mut names = [""; presets::PRESETS.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = presets::PRESETS[i].0;
+        i += 1;
+    }
+    names
 }
 
 /// `Some(Some(i))` when `pattern` (with `{i}`) matches `name` with index `i`, `Some(None)` when a
@@ -199,10 +192,29 @@ mod tests {
             "layer.0.attn_out"
         );
         assert!(NameMap::preset("gpt").is_none());
+        assert_eq!(NameMap::PRESETS, ["llama", "bert"]);
         assert_eq!(
             split_full_name("layer.12.mlp.down_proj"),
             Some((12, "mlp.down_proj"))
         );
         assert_eq!(split_full_name("logits"), None);
+    }
+
+    #[test]
+    fn every_preset_renames_module_names_to_the_stage_vocabulary() {
+        for name in NameMap::PRESETS {
+            let map = NameMap::preset(name).unwrap();
+            assert!(!map.is_empty(), "{name}");
+            for rule in &map.rules {
+                let (from, to) = (rule.from.replace("{i}", "7"), rule.to.replace("{i}", "7"));
+                assert_eq!(map.rename(&from), to);
+                let (_, stage) = split_full_name(&to).unwrap();
+                assert!(
+                    crate::record::Stage::from_name(stage).is_some(),
+                    "--map {name}: {} renames to {stage}, not a stage of the vocabulary",
+                    rule.from
+                );
+            }
+        }
     }
 }

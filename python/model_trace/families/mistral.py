@@ -1,0 +1,13 @@
+"""Mistral: transformers' ``MistralDecoderLayer``, Llama's pre-norm
+block.
+
+Its GGUF is llama.cpp's ``llama`` (the converter writes that architecture), read with the table
+of ``llama.py``.
+"""
+
+from .layouts import llama_like
+
+ORDER = 20
+MISTRAL = llama_like("mistral", "MistralDecoderLayer")
+ARCHITECTURES = (MISTRAL,)
+GGUF_ARCHITECTURE = "llama"

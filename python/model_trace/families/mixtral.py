@@ -1,0 +1,13 @@
+"""Mixtral: transformers' ``MixtralDecoderLayer``, Llama's block whose MLP is the sparse MoE
+block (fused experts in transformers 5): ``mlp_out`` is that block's output.
+
+Its GGUF is llama.cpp's ``llama``, read with the table of ``llama.py``, where a MoE layer's
+``mlp_out`` is ``ffn_moe_out-N``.
+"""
+
+from .layouts import llama_like
+
+ORDER = 30
+MIXTRAL = llama_like("mixtral", "MixtralDecoderLayer")
+ARCHITECTURES = (MIXTRAL,)
+GGUF_ARCHITECTURE = "llama"

@@ -1,0 +1,11 @@
+"""Qwen 3 MoE: transformers' ``Qwen3MoeDecoderLayer``, llama.cpp's ``qwen3moe`` graph: Qwen 3's
+block (per-head query/key norms) whose MLP is a mixture of experts: ``mlp_out`` is the MoE
+block's output, llama.cpp's ``ffn_moe_out-N``.
+"""
+
+from .layouts import PRE_NORM_QK_STAGES, NodeTable, llama_like, pre_norm_nodes
+
+ORDER = 70
+QWEN3_MOE = llama_like("qwen3_moe", "Qwen3MoeDecoderLayer", PRE_NORM_QK_STAGES)
+ARCHITECTURES = (QWEN3_MOE,)
+NODE_TABLE = NodeTable("qwen3moe", "embd", pre_norm_nodes(mlp_out=("ffn_moe_out",), qk=True))
