@@ -4,7 +4,7 @@ attention analysis should run:
     python python/benchmarks/cuda_copies.py [--device cuda] [--json OUT]
 
 1. A non-blocking copy of a CUDA tensor to the CPU lands in pinned memory (what
-   ``model_trace.torch._HostCopy`` relies on: a copy into pageable memory would wait).
+   ``model_trace.torch.host.HostCopy`` relies on: a copy into pageable memory would wait).
 2. The seeded SmolLM2-shaped model of tracer_overhead.py (float32 and bfloat16): a 16-token
    prefill and 3 decode steps traced three ways, which must give the same trace (the ``*_ns``
    times apart): as the tracer does it (asynchronous copies, read after one synchronisation a

@@ -84,7 +84,7 @@ def build(model_type, arguments, dtype=torch.float32):
 def fresh_checks():
     """Every test checks its maps afresh: a model whose map passed is not checked again in the
     same process (the module-scoped models are shared between tests)."""
-    model_trace.torch._PASSED.clear()
+    model_trace.torch.tracing._PASSED.clear()
 
 
 @pytest.fixture(scope="module")

@@ -85,10 +85,10 @@ class CopyClock:
 
 @pytest.fixture
 def copies_of_cpu_tensors(monkeypatch):
-    """CPU tensors copied as CUDA ones are (model_trace.torch._HostCopy), the device's
+    """CPU tensors copied as CUDA ones are (model_trace.torch.host.HostCopy), the device's
     synchronisation counted instead."""
     clock = CopyClock()
-    host_copy = model_trace.torch._HostCopy
+    host_copy = model_trace.torch.host.HostCopy
     begin, read = host_copy.__init__, host_copy.read
 
     def begun(self, tensor):
@@ -99,8 +99,8 @@ def copies_of_cpu_tensors(monkeypatch):
         assert clock.waits > clock.begun.pop(id(self)), "a copy read before the device was synchronised"
         return read(self)
 
-    monkeypatch.setattr(model_trace.torch, "ASYNC_COPY_DEVICES", ("cpu",))
-    monkeypatch.setattr(model_trace.torch, "_synchronizer", lambda device: clock.wait)
+    monkeypatch.setattr(model_trace.torch.host, "ASYNC_COPY_DEVICES", ("cpu",))
+    monkeypatch.setattr(model_trace.torch.host, "_synchronizer", lambda device: clock.wait)
     monkeypatch.setattr(host_copy, "__init__", begun)
     monkeypatch.setattr(host_copy, "read", checked_read)
     return clock
@@ -129,7 +129,7 @@ def test_asynchronous_copies_give_the_trace_of_blocking_ones(tiny_llama, tmp_pat
         (tmp_path / "blocking").mkdir()
         written = two_passes(model, tmp_path / "async" / "t.ndjson")
         assert copies_of_cpu_tensors.waits == 2 and not copies_of_cpu_tensors.begun
-        monkeypatch.setattr(model_trace.torch, "ASYNC_COPY_DEVICES", ("cuda",))
+        monkeypatch.setattr(model_trace.torch.host, "ASYNC_COPY_DEVICES", ("cuda",))
         assert written == two_passes(model, tmp_path / "blocking" / "t.ndjson")
     finally:
         tiny_llama.to(torch.float32)
@@ -176,8 +176,8 @@ def test_device_input_ids_are_copied_like_the_tensors(tiny_llama, copies_of_cpu_
 
 
 def test_a_device_cache_position_is_copied_like_the_tensors(copies_of_cpu_tensors, tmp_path):
-    position = model_trace.torch._position((), {"cache_position": torch.tensor([7, 8, 9])})
-    assert isinstance(position, model_trace.torch._HostCopy)
+    position = model_trace.torch.tracing.pass_position((), {"cache_position": torch.tensor([7, 8, 9])})
+    assert isinstance(position, model_trace.torch.host.HostCopy)
     writer = model_trace.writer.TraceWriter(str(tmp_path / "t.ndjson"))
     writer.begin_pass(position)
     writer.close()
@@ -191,8 +191,8 @@ def test_attention_rows_are_the_same_analysed_on_the_device_or_with_the_batch(ti
     from model_trace.attention import _analyse, _Torch
 
     with_batch = two_passes(tiny_llama, tmp_path / "batch.ndjson", capture=None)
-    monkeypatch.setattr(model_trace.torch, "analysed_on_device", lambda probs: True)
-    monkeypatch.setattr(model_trace.torch, "attention_rows",
+    monkeypatch.setattr(model_trace.torch.host, "analysed_on_device", lambda probs: True)
+    monkeypatch.setattr(model_trace.torch.host, "attention_rows",
                         lambda probs: _analyse(probs.detach().to(torch.float32), 10, 0.01, _Torch(torch, probs.device)))
     assert two_passes(tiny_llama, tmp_path / "device.ndjson", capture=None) == with_batch
 
