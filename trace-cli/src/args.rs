@@ -11,7 +11,7 @@ use trace_runtime::compare::{
     CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
 };
 
-use crate::load::InputError;
+use crate::input::InputError;
 
 /// Read model-trace trace files: what one holds, its summary, whether its stages mean what
 /// their names say, where it diverges from a reference, a page of plots, or a timeline for

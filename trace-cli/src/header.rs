@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 use trace_runtime::{ModelTracerConfig, GOLDEN_FORMAT_NAME};
 
 use crate::input::TraceRun;
-use crate::load;
 use crate::style::Colors;
 
 /// The lines about the file (or a run's rank files), its writer, its session and its
@@ -26,7 +25,7 @@ pub(crate) fn describe_header(
             "{} {} ({}, golden file, version {})",
             colors.bold("trace:"),
             run.label,
-            load::file_size(bytes),
+            crate::output::file_size(bytes),
             header.schema
         )?;
         return writeln!(
@@ -42,7 +41,7 @@ pub(crate) fn describe_header(
         "{} {} ({}, schema {}, written by {})",
         colors.bold("trace:"),
         run.label,
-        load::file_size(bytes),
+        crate::output::file_size(bytes),
         header.schema,
         header.writer
     )?;

@@ -4,36 +4,31 @@
 //! divergence or `check` a stage identity that fails, 2 for bad input (an unreadable or
 //! malformed file, bad options).
 //!
-//! Modules import downwards only: this file parses and dispatches; the subcommands (`list`,
-//! `summary`, `check`, `diff`, `report`, `chrome`) use the arguments (`args`), the result
-//! (`outcome`) and what two of them share (`header`, `compared`), which use the bottom layer:
-//! reading files (`load`), writing output (`output`) and colour (`style`).
+//! Modules import downwards only: this file parses the arguments (`args`) and dispatches to
+//! the subcommands (`command/`, one file each, with the exit outcome); they do their work
+//! through what two of them share: two traces compared (`comparison/`, for `diff` and
+//! `report --against`), the stage check (`stage_check`, for `check` and `diff`) and the lines
+//! about a trace's header (`header`, for `list` and `summary`); all of them stand on the
+//! bottom layer: reading trace files (`input/`), writing output (`output`) and colour
+//! (`style`).
 
 #![forbid(unsafe_code)]
 
 mod args;
-mod check;
-mod checked;
-mod chosen;
-mod chrome;
-mod compared;
-mod diff;
+mod command;
+mod comparison;
 mod header;
 mod input;
-mod list;
-mod load;
-mod outcome;
 mod output;
-mod report;
+mod stage_check;
 mod style;
-mod summary;
 
 use std::process::ExitCode;
 
 use clap::Parser as _;
 
 use crate::args::{Cli, Command};
-use crate::outcome::Outcome;
+use crate::command::{check, chrome, diff, list, report, summary, Outcome};
 use crate::style::Colors;
 
 fn main() -> ExitCode {

@@ -1,5 +1,5 @@
 //! Writing results on stdout: a closed pipe (`model-trace summary … | head`) ends the output
-//! quietly instead of panicking; and into files, whole or not at all.
+//! quietly instead of panicking; into files, whole or not at all; and file sizes, for messages.
 
 use std::fs::File;
 use std::io::{self, BufWriter, ErrorKind, Write as _};
@@ -36,12 +36,24 @@ pub(crate) fn write_file(
         .map_err(|error| format!("writing {}: {error}", path.display()))
 }
 
+/// The size of a file, for messages: two or three significant digits, in kB below 1 MB.
+pub(crate) fn file_size(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let (kb, mb) = (bytes as f64 / 1e3, bytes as f64 / 1e6);
+    match bytes {
+        0..1_000 => format!("{bytes} bytes"),
+        1_000..1_000_000 => format!("{kb:.0} kB"),
+        1_000_000..10_000_000 => format!("{mb:.1} MB"),
+        _ => format!("{mb:.0} MB"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
     use std::io::{self, Write as _};
 
-    use super::write_file;
+    use super::{file_size, write_file};
 
     #[test]
     fn a_failed_write_leaves_nothing() {
@@ -61,5 +73,13 @@ mod tests {
         write_file(&path, |out| out.write_all(b"{}")).unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), "{}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn file_sizes_keep_their_digits() {
+        assert_eq!(file_size(512), "512 bytes");
+        assert_eq!(file_size(47_093), "47 kB");
+        assert_eq!(file_size(1_234_567), "1.2 MB");
+        assert_eq!(file_size(277_000_000), "277 MB");
     }
 }

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use trace_runtime::{TraceHeader, TraceReader};
 
-/// A problem with the input: the message names the file (and line).
-pub(crate) type InputError = String;
+use super::InputError;
 
 /// The extension of the trace files a directory is searched for.
 const TRACE_EXTENSION: &str = "ndjson";

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 
 use trace_runtime::Event;
 
+use crate::command::Outcome;
 use crate::header::describe_header;
-use crate::input::TraceRun;
-use crate::load::{self, InputError};
-use crate::outcome::Outcome;
+use crate::input::{self, InputError, TraceRun};
 use crate::style::Colors;
 
 pub(crate) fn run(paths: &[PathBuf], colors: &Colors) -> Result<Outcome, InputError> {
@@ -18,7 +17,7 @@ pub(crate) fn run(paths: &[PathBuf], colors: &Colors) -> Result<Outcome, InputEr
     let mut kinds: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut positions = Vec::new();
     let mut errors = Vec::new();
-    let notes = load::read(&run, |file, event| {
+    let notes = input::read(&run, |file, event| {
         *kinds.entry(event.kind_name()).or_default() += 1;
         match event {
             Event::PassBegin(begin) => positions.push(begin.position),

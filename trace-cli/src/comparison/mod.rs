@@ -8,6 +8,8 @@
 //! first [`LISTED`] unmatched tensors and warnings of each kind. Memory does not grow with the
 //! tensors of a pass times the passes.
 
+pub(crate) mod tokens;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -20,10 +22,11 @@ use trace_runtime::compare::{
 };
 use trace_runtime::{CaptureError, CaptureFiles, Event};
 
-use crate::checked::{CheckVerdict, StageChecker};
-use crate::chosen::{Choices, FirstTokenDivergence, LogitsRecord, PassLogits, TokenVerdict};
-use crate::input::{TraceFile, TraceRun};
-use crate::load::{self, InputError};
+use crate::comparison::tokens::{
+    Choices, FirstTokenDivergence, LogitsRecord, PassLogits, TokenVerdict,
+};
+use crate::input::{self, InputError, TraceFile, TraceRun};
+use crate::stage_check::{CheckVerdict, StageChecker};
 use crate::style::Colors;
 
 /// Unmatched tensors listed in the text output before "... and N more".
@@ -295,7 +298,7 @@ fn aligned(
 
 /// What reading one trace for a comparison gave.
 struct ReadPasses {
-    notes: load::ReadNotes,
+    notes: input::ReadNotes,
     /// Tensors read.
     tensors: usize,
     /// Tensors that came after their pass had been handed on (a file not in pass order).
@@ -335,7 +338,7 @@ fn read_passes(run: &TraceRun, send: &SyncSender<PassTensors>) -> Result<ReadPas
             listening = send.send(pass).is_ok();
         }
     };
-    let notes = load::read(run, |file, event| {
+    let notes = input::read(run, |file, event| {
         if let Ok(checker) = checker.as_mut() {
             checker.event(run, file, &event);
         }

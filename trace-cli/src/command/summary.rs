@@ -11,10 +11,9 @@ use trace_runtime::{
     AttentionAnalysis, Event, ModelTracer, ModelTracerSummary, Specialization, TraceHeader,
 };
 
+use crate::command::Outcome;
 use crate::header::describe_header;
-use crate::input::TraceRun;
-use crate::load::{self, InputError};
-use crate::outcome::Outcome;
+use crate::input::{self, InputError, TraceRun};
 use crate::style::Colors;
 
 /// One layer index over every pass.
@@ -55,7 +54,7 @@ pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outc
     // The summary covers every record; keeping them would grow with the passes.
     let mut tracer = ModelTracer::summary_only(header.config.clone());
     let mut layers: BTreeMap<usize, LayerRow> = BTreeMap::new();
-    let notes = load::read(&run, |_, event| {
+    let notes = input::read(&run, |_, event| {
         if let Event::Layer(layer) = &event {
             let row = layers.entry(layer.layer).or_default();
             row.calls += 1;

@@ -46,9 +46,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use trace_runtime::{Anomaly, Event, LayerEvent, RunMetadata, TensorStats, TraceHeader};
 
-use crate::input::TraceRun;
-use crate::load::{self, InputError};
-use crate::outcome::Outcome;
+use crate::command::Outcome;
+use crate::input::{self, InputError, TraceRun};
 use event::{AnomalyArgs, Args, CounterValue, Float, LayerArgs, PassArgs, Phase, TraceEvent};
 use nest::Span;
 
@@ -139,7 +138,7 @@ impl SessionTrace {
         let mut kv_bytes = BTreeMap::new();
         let mut worst_cosine: BTreeMap<usize, f32> = BTreeMap::new();
         let run = TraceRun::open(&[path.to_path_buf()])?;
-        let notes = load::read(&run, |_, event| match event {
+        let notes = input::read(&run, |_, event| match event {
             Event::PassBegin(begin) => {
                 let record = PassRecord {
                     position: begin.position,

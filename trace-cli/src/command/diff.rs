@@ -9,9 +9,9 @@ use serde::Serialize;
 use trace_runtime::compare::TensorComparison;
 
 use crate::args::DiffArgs;
-use crate::compared::{ratio_text, Diffed, Floor, Report};
-use crate::load::InputError;
-use crate::outcome::Outcome;
+use crate::command::Outcome;
+use crate::comparison::{ratio_text, Diffed, Floor, Report};
+use crate::input::InputError;
 use crate::style::Colors;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
@@ -179,7 +179,7 @@ impl<'a> Local<'a> {
             local_table_pass: isolated.table_pass(),
             embeddings_diverged: other
                 .first()
-                .is_some_and(crate::compared::before_first_layer),
+                .is_some_and(crate::comparison::before_first_layer),
             local_layers: layers
                 .into_iter()
                 .map(|layer| LocalRow {

@@ -9,8 +9,7 @@ use trace_runtime::stage_check::{
 };
 use trace_runtime::{CaptureFiles, Event};
 
-use crate::input::{TraceFile, TraceRun};
-use crate::load::InputError;
+use crate::input::{InputError, TraceFile, TraceRun};
 
 /// Warnings kept (captures that could not be read); the others are counted.
 const LISTED_WARNINGS: usize = 100;

@@ -9,10 +9,9 @@ use trace_runtime::stage_check::{
     KindTally, Located, Skip, StageCheckTally, SKETCH_TOLERANCE, VALUES_TOLERANCE,
 };
 
-use crate::checked::{FailureView, StageChecker};
-use crate::input::TraceRun;
-use crate::load::{self, InputError};
-use crate::outcome::Outcome;
+use crate::command::Outcome;
+use crate::input::{self, InputError, TraceRun};
+use crate::stage_check::{FailureView, StageChecker};
 use crate::style::Colors;
 
 /// Failures listed in the text output before "... and N more".
@@ -22,7 +21,7 @@ pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outc
     let run = TraceRun::open(paths)?;
     run.warn_missing_ranks();
     let mut checker = StageChecker::new(&run)?;
-    let notes = load::read(&run, |file, event| checker.event(&run, file, &event))?;
+    let notes = input::read(&run, |file, event| checker.event(&run, file, &event))?;
     if checker.tally.layers == 0 {
         return Err(format!(
             "{}: no layer records to check (the stage check reads the stages of `layer` events)",

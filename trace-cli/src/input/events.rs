@@ -8,9 +8,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use trace_runtime::{Event, PassBegin, PassEnd, ReadError, TraceReader};
 
-// The commands take `InputError` from here, beside `read`.
-pub(crate) use crate::input::InputError;
-use crate::input::{TraceFile, TraceRun};
+use super::{InputError, TraceFile, TraceRun};
 
 /// Files above this size show a progress bar (on a terminal).
 const PROGRESS_BYTES: u64 = 32 << 20;
@@ -241,29 +239,4 @@ fn progress_bar(label: &str, total: u64) -> Option<ProgressBar> {
     bar.set_message(label.to_owned());
     bar.enable_steady_tick(Duration::from_millis(200));
     Some(bar)
-}
-
-/// The size of a file, for messages: two or three significant digits, in kB below 1 MB.
-pub(crate) fn file_size(bytes: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
-    let (kb, mb) = (bytes as f64 / 1e3, bytes as f64 / 1e6);
-    match bytes {
-        0..1_000 => format!("{bytes} bytes"),
-        1_000..1_000_000 => format!("{kb:.0} kB"),
-        1_000_000..10_000_000 => format!("{mb:.1} MB"),
-        _ => format!("{mb:.0} MB"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::file_size;
-
-    #[test]
-    fn file_sizes_keep_their_digits() {
-        assert_eq!(file_size(512), "512 bytes");
-        assert_eq!(file_size(47_093), "47 kB");
-        assert_eq!(file_size(1_234_567), "1.2 MB");
-        assert_eq!(file_size(277_000_000), "277 MB");
-    }
 }

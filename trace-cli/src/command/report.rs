@@ -12,11 +12,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::args::ReportArgs;
-use crate::chosen::TokenVerdict;
-use crate::compared::{Diffed, Floor, Judged};
-use crate::input::TraceRun;
-use crate::load::{self, InputError};
-use crate::outcome::Outcome;
+use crate::command::Outcome;
+use crate::comparison::tokens::TokenVerdict;
+use crate::comparison::{Diffed, Floor, Judged};
+use crate::input::{self, InputError, TraceRun};
 use crate::style::Colors;
 
 const PAGE: &str = include_str!("report/page.html");
@@ -98,7 +97,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     run.warn_missing_ranks();
     let mut collector = collect::Collector::new(run.header());
     let mut events = 0usize;
-    let notes = load::read(&run, |_, event| {
+    let notes = input::read(&run, |_, event| {
         events += 1;
         collector.accept(event);
     })?;
@@ -137,7 +136,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     let mut said = format!(
         "wrote {} ({}): {} passes, {} layers",
         output.display(),
-        load::file_size(html.len() as u64),
+        crate::output::file_size(html.len() as u64),
         data.passes.len(),
         data.layers
     );
