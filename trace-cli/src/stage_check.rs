@@ -59,12 +59,7 @@ impl StageChecker {
             return;
         };
         self.passes.insert(layer.pass);
-        let at = run
-            .files
-            .iter()
-            .position(|f| std::ptr::eq(f, file))
-            .unwrap_or(0);
-        let multiplier = self.multipliers.get(at).copied().unwrap_or(1.0);
+        let multiplier = (self.multipliers.get(run.index_of(file)).copied()).unwrap_or(1.0);
         let (captures, warnings, count) = (
             &mut self.captures,
             &mut self.warnings,

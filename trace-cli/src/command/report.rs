@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::args::ReportArgs;
 use crate::command::Outcome;
 use crate::comparison::tokens::TokenVerdict;
-use crate::comparison::{Diffed, Floor, Judged};
+use crate::comparison::{Floor, TensorJudgement, TraceComparison};
 use crate::input::{self, InputError, TraceRun};
 use crate::style::Colors;
 
@@ -123,13 +123,13 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
             path,
             factor: args.floor.floor_factor,
         });
-        let diffed = Diffed::read(reference, against, floor, options, args.pass)?;
-        diffed.warn_unused_overrides();
-        diffed.warn_stage_check();
-        if diffed.diverged() {
+        let comparison = TraceComparison::read(reference, against, floor, options, args.pass)?;
+        comparison.warn_unused_overrides();
+        comparison.warn_stage_check();
+        if comparison.diverged() {
             outcome = Outcome::Diverged;
         }
-        data.diff = Some(diff_data(reference, &diffed));
+        data.diff = Some(diff_data(reference, &comparison));
     }
     let html = page(&data)?;
     crate::output::write_file(&output, |out| out.write_all(html.as_bytes()))?;
@@ -154,10 +154,10 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     Ok(outcome)
 }
 
-fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
-    let report = diffed.report();
+fn diff_data(reference: &Path, comparison: &TraceComparison) -> DiffData {
+    let report = comparison.report();
     let curve_pass = report.table_pass;
-    let pairs = diffed.table_pairs();
+    let pairs = comparison.table_pairs();
     let mut stages: Vec<String> = Vec::new();
     for judged in pairs {
         if !stages.contains(&judged.pair.name) {
@@ -165,7 +165,7 @@ fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
         }
     }
     // `[stage][layer]` of one value of each compared tensor.
-    let curves = |value: &dyn Fn(&Judged) -> Option<f64>| {
+    let curves = |value: &dyn Fn(&TensorJudgement) -> Option<f64>| {
         let mut curves: Vec<Vec<Option<f64>>> = vec![Vec::new(); stages.len()];
         for judged in pairs {
             let at = stages.iter().position(|s| *s == judged.pair.name);
@@ -185,7 +185,7 @@ fn diff_data(reference: &Path, diffed: &Diffed) -> DiffData {
             INFINITE_RATIO
         })
     });
-    let floor = diffed.floor().map(|(path, factor)| FloorData {
+    let floor = comparison.floor().map(|(path, factor)| FloorData {
         path: path.to_owned(),
         factor,
         floor_rtols: curves(&|judged| judged.floor_rtol),

@@ -11,6 +11,7 @@
 
 use serde::Serialize;
 use trace_runtime::compare::TensorComparison;
+use trace_runtime::LogitsEvent;
 
 /// How many standard deviations of the difference of two logits' errors a flip may need and
 /// still be called a near-tie.
@@ -39,6 +40,26 @@ pub(crate) struct LogitsRecord {
     pub(crate) count: usize,
 }
 
+impl LogitsRecord {
+    /// The record of `event`'s batch row 0 (else its first row); `None` for an event without
+    /// rows.
+    pub(crate) fn of(event: &LogitsEvent) -> Option<Self> {
+        let rows = &event.batch_rows;
+        let row = rows.iter().find(|r| r.batch == 0).or(rows.first())?;
+        Some(Self {
+            layer: event.layer,
+            row: row
+                .top_tokens
+                .iter()
+                .copied()
+                .zip(row.top_logits.iter().copied())
+                .collect(),
+            l2_norm: event.logits.stats.l2_norm,
+            count: event.logits.stats.count,
+        })
+    }
+}
+
 impl PassLogits {
     /// The final logits: the record of the highest layer.
     fn last(&self) -> Option<&LogitsRecord> {
@@ -48,7 +69,7 @@ impl PassLogits {
 
 /// One pass of both runs, waiting for the tokens their next passes consume.
 #[derive(Debug)]
-struct Waiting {
+struct PendingPass {
     pass: usize,
     logits: [PassLogits; 2],
     /// The comparison of the two runs' final logits in this pass, if they were compared.
@@ -58,7 +79,7 @@ struct Waiting {
 /// The first pass where the two runs' choices part, sought pass by pass.
 #[derive(Debug, Default)]
 pub(crate) struct Choices {
-    waiting: Option<Waiting>,
+    waiting: Option<PendingPass>,
     /// Passes where both runs' choices are known.
     pub(crate) compared: usize,
     pub(crate) first: Option<FirstTokenDivergence>,
@@ -87,7 +108,7 @@ impl Choices {
             self.settle(waiting, next);
         }
         if self.first.is_none() {
-            self.waiting = Some(Waiting {
+            self.waiting = Some(PendingPass {
                 pass,
                 logits,
                 compared,
@@ -102,7 +123,7 @@ impl Choices {
         }
     }
 
-    fn settle(&mut self, waiting: Waiting, next: [Option<u32>; 2]) {
+    fn settle(&mut self, waiting: PendingPass, next: [Option<u32>; 2]) {
         let rows = [waiting.logits[0].last(), waiting.logits[1].last()];
         let chosen =
             [0, 1].map(|at| (rows[at].and_then(|r| r.row.first()).map(|t| t.0)).or(next[at]));
@@ -189,7 +210,7 @@ pub(crate) struct FirstTokenDivergence {
 }
 
 impl FirstTokenDivergence {
-    fn new(waiting: Waiting, chosen: [u32; 2], next: [Option<u32>; 2]) -> Self {
+    fn new(waiting: PendingPass, chosen: [u32; 2], next: [Option<u32>; 2]) -> Self {
         let [reference, other] = chosen;
         let rows = [waiting.logits[0].last(), waiting.logits[1].last()];
         let side = |at: usize| {

@@ -77,6 +77,13 @@ impl TraceRun {
         &self.files[0].header
     }
 
+    /// The index of `file`, one of the run's, among its files.
+    pub(crate) fn index_of(&self, file: &TraceFile) -> usize {
+        (self.files.iter())
+            .position(|f| std::ptr::eq(f, file))
+            .unwrap_or(0)
+    }
+
     /// Whether it is several ranks' files.
     pub(crate) fn is_ranked(&self) -> bool {
         self.files.len() > 1 || self.header().rank.is_some()
