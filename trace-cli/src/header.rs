@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use trace_runtime::{ModelTracerConfig, GOLDEN_FORMAT_NAME};
+use trace_runtime::{ModelTracerConfig, RunMetadata, GOLDEN_FORMAT_NAME};
 
 use crate::input::TraceRun;
 use crate::style::Colors;
@@ -18,23 +18,7 @@ pub(crate) fn describe_header(
 ) -> std::fmt::Result {
     let header = run.header();
     if header.format == GOLDEN_FORMAT_NAME {
-        // No session, times, configuration or filter: a golden file keeps none of them.
-        let machine = header.metadata.extra.get("golden_machine");
-        writeln!(
-            out,
-            "{} {} ({}, golden file, version {})",
-            colors.bold("trace:"),
-            run.label,
-            crate::output::file_size(bytes),
-            header.schema
-        )?;
-        return writeln!(
-            out,
-            "{} every layer's stages, attention and logits as statistics and short fingerprints \
-             (no times, attention rows or session), made on {:?}",
-            colors.bold("golden:"),
-            machine.map_or("an unnamed machine", String::as_str)
-        );
+        return describe_golden(out, run, bytes, colors);
     }
     writeln!(
         out,
@@ -45,59 +29,8 @@ pub(crate) fn describe_header(
         header.schema,
         header.writer
     )?;
-    if run.is_ranked() {
-        let world = header.world_size.unwrap_or(run.files.len());
-        let files: Vec<String> = run
-            .files
-            .iter()
-            .map(|f| format!("{} {}", f.label(), f.path.display()))
-            .collect();
-        writeln!(
-            out,
-            "{} run {}: {} of {world} ranks ({})",
-            colors.bold("run:"),
-            header.run,
-            run.files.len(),
-            files.join(", ")
-        )?;
-        if !run.missing_ranks.is_empty() {
-            let missing: Vec<String> = run.missing_ranks.iter().map(ToString::to_string).collect();
-            writeln!(
-                out,
-                "{}",
-                colors.warn(&format!("missing: rank {}", missing.join(", ")))
-            )?;
-        }
-    } else {
-        let thread = header.thread.name.as_deref().unwrap_or("unnamed");
-        writeln!(
-            out,
-            "{} session {} of process {}, thread {} ({thread})",
-            colors.bold("run:"),
-            header.session,
-            header.process_id,
-            header.thread.id
-        )?;
-    }
-    let meta = &header.metadata;
-    let mut said = Vec::new();
-    for (label, value) in [
-        ("model", &meta.model),
-        ("weights", &meta.weights),
-        ("prompt", &meta.prompt),
-        ("dtype", &meta.dtype),
-        ("device", &meta.device),
-    ] {
-        if let Some(value) = value {
-            said.push(format!("{label} {value:?}"));
-        }
-    }
-    for (key, value) in &meta.extra {
-        said.push(format!("{key} {value:?}"));
-    }
-    if !said.is_empty() {
-        writeln!(out, "{} {}", colors.bold("about:"), said.join("; "))?;
-    }
+    describe_run(out, run, colors)?;
+    describe_metadata(out, &header.metadata, colors)?;
     writeln!(
         out,
         "{} {}",
@@ -128,6 +61,96 @@ pub(crate) fn describe_header(
             colors.bold("changed by:"),
             colors.warn(&interventions_text(&header.interventions))
         )?;
+    }
+    Ok(())
+}
+
+/// The lines about a golden file: no session, times, configuration or filter, since a golden
+/// file keeps none of them.
+fn describe_golden(
+    out: &mut String,
+    run: &TraceRun,
+    bytes: u64,
+    colors: &Colors,
+) -> std::fmt::Result {
+    let header = run.header();
+    let machine = header.metadata.extra.get("golden_machine");
+    writeln!(
+        out,
+        "{} {} ({}, golden file, version {})",
+        colors.bold("trace:"),
+        run.label,
+        crate::output::file_size(bytes),
+        header.schema
+    )?;
+    writeln!(
+        out,
+        "{} every layer's stages, attention and logits as statistics and short fingerprints \
+         (no times, attention rows or session), made on {:?}",
+        colors.bold("golden:"),
+        machine.map_or("an unnamed machine", String::as_str)
+    )
+}
+
+/// The run: its rank files and the ranks missing, or the one session's process and thread.
+fn describe_run(out: &mut String, run: &TraceRun, colors: &Colors) -> std::fmt::Result {
+    let header = run.header();
+    if !run.is_ranked() {
+        let thread = header.thread.name.as_deref().unwrap_or("unnamed");
+        return writeln!(
+            out,
+            "{} session {} of process {}, thread {} ({thread})",
+            colors.bold("run:"),
+            header.session,
+            header.process_id,
+            header.thread.id
+        );
+    }
+    let world = header.world_size.unwrap_or(run.files.len());
+    let files: Vec<String> = run
+        .files
+        .iter()
+        .map(|f| format!("{} {}", f.label(), f.path.display()))
+        .collect();
+    writeln!(
+        out,
+        "{} run {}: {} of {world} ranks ({})",
+        colors.bold("run:"),
+        header.run,
+        run.files.len(),
+        files.join(", ")
+    )?;
+    if !run.missing_ranks.is_empty() {
+        let missing: Vec<String> = run.missing_ranks.iter().map(ToString::to_string).collect();
+        writeln!(
+            out,
+            "{}",
+            colors.warn(&format!("missing: rank {}", missing.join(", ")))
+        )?;
+    }
+    Ok(())
+}
+
+/// What the run says about itself (model, weights, prompt, dtype, device, the rest), in a
+/// line; nothing where it says nothing.
+fn describe_metadata(out: &mut String, meta: &RunMetadata, colors: &Colors) -> std::fmt::Result {
+    let mut said = Vec::new();
+    for (label, value) in [
+        ("model", &meta.model),
+        ("weights", &meta.weights),
+        ("prompt", &meta.prompt),
+        ("dtype", &meta.dtype),
+        ("device", &meta.device),
+    ] {
+        if let Some(value) = value {
+            said.push(format!("{label} {value:?}"));
+        }
+    }
+    for (key, value) in &meta.extra {
+        said.push(format!("{key} {value:?}"));
+    }
+    if !said.is_empty() {
+        writeln!(out, "{} {}", colors.bold("about:"), said.join("; "))?;
     }
     Ok(())
 }

@@ -422,38 +422,8 @@ impl Collector {
         let mut kept: Vec<usize> = self.stats.keys().copied().collect();
         kept.sort_unstable();
         let shown_passes = shown_passes(&self.passes, &kept);
-        let (layers, stages) = (self.layers, self.stages.len());
-        let mut stats = Vec::with_capacity(shown_passes.len() * layers * stages * 4);
-        for &at in &shown_passes {
-            for layer in 0..layers {
-                for stage in 0..stages {
-                    let values = (self.stats.get(&at))
-                        .and_then(|stats| stats.get(&(layer, stage)))
-                        .copied()
-                        .unwrap_or([f32::NAN; 4]);
-                    stats.extend(values);
-                }
-            }
-        }
-        let mut output_norm = vec![f32::NAN; self.passes.len() * layers];
-        let mut output_max = output_norm.clone();
-        for (at, outputs) in self.output.iter().enumerate() {
-            for &(layer, norm, max) in outputs {
-                output_norm[at * layers + layer] = norm;
-                output_max[at * layers + layer] = max;
-            }
-        }
-        let layer_ms = self
-            .layer_ms
-            .into_values()
-            .map(|mut t| {
-                #[allow(clippy::cast_precision_loss)]
-                if t.rest_calls > 0 {
-                    t.rest_mean_ms = t.rest_sum_ms / t.rest_calls as f64;
-                }
-                t
-            })
-            .collect();
+        let stats = self.stats_of(&shown_passes);
+        let (output_norm, output_max) = self.outputs();
         let attention = (summary.attention_traces > 0).then(|| AttentionData {
             analysis: summary.attention.clone(),
             patterns: self
@@ -470,35 +440,6 @@ impl Collector {
         let logits = shown_passes
             .iter()
             .map(|at| self.logits.get(at).cloned())
-            .collect();
-        #[allow(clippy::cast_precision_loss)]
-        let quant = self
-            .quant
-            .into_iter()
-            .map(|((site, layer), s)| QuantRow {
-                site,
-                quant_type: s.quant_type,
-                layer,
-                count: s.count,
-                cosine_mean: s.cosine_sum / s.count.max(1) as f64,
-                cosine_min: s.cosine_min,
-                snr_mean_db: if s.snr_finite > 0 {
-                    s.snr_sum / s.snr_finite as f64
-                } else {
-                    f64::NAN
-                },
-                snr_min_db: s.snr_min,
-                non_finite: s.non_finite,
-            })
-            .collect();
-        let kv = self
-            .kv
-            .into_iter()
-            .map(|(pass, (mut step, bytes))| {
-                step.pass = pass;
-                step.bytes = bytes.values().sum();
-                step
-            })
             .collect();
         let patching = patching(&self.patches, &self.header.metadata.extra);
         let header = &self.header;
@@ -521,22 +462,104 @@ impl Collector {
             cut_short,
             summary_text: summary.to_string(),
             passes: self.passes,
-            layers,
+            layers: self.layers,
             stages: self.stages,
             stat_names: STAT_NAMES,
             shown_passes: shown_passes.clone(),
             stats: pack_f32(&stats),
             output_norm: pack_f32(&output_norm),
             output_max: pack_f32(&output_max),
-            layer_ms,
+            layer_ms: layer_times(self.layer_ms),
             attention,
             logits,
-            quant,
-            kv,
+            quant: quant_rows(self.quant),
+            kv: kv_steps(self.kv),
             patching,
             diff: None,
         }
     }
+
+    /// The statistics of the passes at `shown` (indices in `passes`), `[pass][layer][stage]`
+    /// of four each, NaN where none was recorded.
+    fn stats_of(&self, shown: &[usize]) -> Vec<f32> {
+        let (layers, stages) = (self.layers, self.stages.len());
+        let mut stats = Vec::with_capacity(shown.len() * layers * stages * 4);
+        for &at in shown {
+            for layer in 0..layers {
+                for stage in 0..stages {
+                    let values = (self.stats.get(&at))
+                        .and_then(|stats| stats.get(&(layer, stage)))
+                        .copied()
+                        .unwrap_or([f32::NAN; 4]);
+                    stats.extend(values);
+                }
+            }
+        }
+        stats
+    }
+
+    /// The layer outputs' norms and largest magnitudes, `[pass][layer]`, NaN where none was
+    /// recorded.
+    fn outputs(&self) -> (Vec<f32>, Vec<f32>) {
+        let layers = self.layers;
+        let mut output_norm = vec![f32::NAN; self.passes.len() * layers];
+        let mut output_max = output_norm.clone();
+        for (at, outputs) in self.output.iter().enumerate() {
+            for &(layer, norm, max) in outputs {
+                output_norm[at * layers + layer] = norm;
+                output_max[at * layers + layer] = max;
+            }
+        }
+        (output_norm, output_max)
+    }
+}
+
+/// Each layer's times, with the mean of its calls after the first.
+fn layer_times(layer_ms: BTreeMap<usize, LayerTime>) -> Vec<LayerTime> {
+    layer_ms
+        .into_values()
+        .map(|mut t| {
+            #[allow(clippy::cast_precision_loss)]
+            if t.rest_calls > 0 {
+                t.rest_mean_ms = t.rest_sum_ms / t.rest_calls as f64;
+            }
+            t
+        })
+        .collect()
+}
+
+/// One row per quantized site and layer: its error's means and extremes.
+#[allow(clippy::cast_precision_loss)]
+fn quant_rows(quant: BTreeMap<(String, usize), QuantSums>) -> Vec<QuantRow> {
+    quant
+        .into_iter()
+        .map(|((site, layer), s)| QuantRow {
+            site,
+            quant_type: s.quant_type,
+            layer,
+            count: s.count,
+            cosine_mean: s.cosine_sum / s.count.max(1) as f64,
+            cosine_min: s.cosine_min,
+            snr_mean_db: if s.snr_finite > 0 {
+                s.snr_sum / s.snr_finite as f64
+            } else {
+                f64::NAN
+            },
+            snr_min_db: s.snr_min,
+            non_finite: s.non_finite,
+        })
+        .collect()
+}
+
+/// One KV-cache step per pass, its size the sum of each layer's latest.
+fn kv_steps(kv: BTreeMap<usize, KvPass>) -> Vec<KvStep> {
+    kv.into_iter()
+        .map(|(pass, (mut step, bytes))| {
+            step.pass = pass;
+            step.bytes = bytes.values().sum();
+            step
+        })
+        .collect()
 }
 
 /// The heatmap of the passes that each patched one (layer, position), when at least two did.
