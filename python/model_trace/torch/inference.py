@@ -6,17 +6,33 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 
 from .. import families
 from ..families import HEADS_FIRST, Architecture
-from .blocks import first_tensor, output_embeddings, tracepoints
+from ..writer import TraceWriter
+from .blocks import Block, first_tensor, output_embeddings, tracepoints
+from .first_pass_check import FirstPassCheck
 from .host import host_values, kept
 
-if TYPE_CHECKING:
-    from .tracing import Run
+
+class Run(Protocol):
+    """What inference needs of the run that hooks the model (:class:`model_trace.torch.tracing.Run`):
+    where to keep its hooks, and how it records a stage and attention probabilities."""
+
+    handles: List[Any]
+    check: Optional[FirstPassCheck]
+    record_attention: bool
+    writer: TraceWriter
+    model: Any
+    layers: List[Block]
+
+    def record_attention_output(self, index: int, attention_sub: str, attention_path: str, position: int,
+                                output: Any) -> None: ...
+
+    def record_stage(self, index: int, stage: str, source: Tuple[str, ...], path: str, tensor: Any) -> None: ...
 
 
 class Inference:
