@@ -4,12 +4,18 @@ own class from a small config, converted by llama.cpp's own converter: ``tiny_gg
 the stage check on its values (``model_trace.llama_cpp`` raises StageMapError otherwise) with
 the identities its block obeys actually checked, and say its architecture in the header.
 
+The cases come from the family files (``TINY_MODELS``, or a family's name as the model type), and
+so does what each must record: the stages of the family's transformers preset for that config
+(the two writers of a family record the same stages), and the identities those stages promise.
+A new family file is run here with no edit.
+
 The GGUFs are made once (about 35 s for all, one converter process) and cached under
 ``$MODEL_TRACE_MODELS``.
 """
 
 import warnings
 
+import numpy as np
 import pytest
 
 import model_trace
@@ -17,6 +23,40 @@ import model_trace
 llama_cpp = pytest.importorskip("model_trace.llama_cpp")
 stage_check = pytest.importorskip("model_trace.stage_check")
 tiny_gguf = pytest.importorskip("tiny_gguf")
+
+from model_trace import families  # noqa: E402
+
+#: case -> (its family file, its tiny model): every family file's ``TINY_MODELS`` (tiny_gguf).
+CASES = tiny_gguf.CASES
+
+
+def promised_identities(stages, r=1.0):
+    """The identities the stage check promises on a layer that records ``stages`` with residual
+    multiplier ``r``, as docs/trace-format.md's *The stage check* states them (R1 to R3, N1 to
+    N4; q/k norms unchecked), written from the doc, not from ``stage_check``'s code."""
+    scaled = "" if r == 1.0 else f"{r:g}·"
+    a = "attn_post_norm" if "attn_post_norm" in stages else "attn_out"
+    m = "mlp_post_norm" if "mlp_post_norm" in stages else "mlp_out"
+    if "resid_mid" in stages:
+        promised = {f"resid_mid = input + {scaled}{a}", f"output = resid_mid + {scaled}{m}"}
+    else:
+        promised = {f"output = input + {a} + {m}" if r == 1.0 else f"output = input + {r:g}·({a} + {m})"}
+    sources = {"attn_in": "input", "mlp_in": "resid_mid" if "resid_mid" in stages else "input",
+               "attn_post_norm": "attn_out", "mlp_post_norm": "mlp_out"}
+    return promised | {f"{lhs} = norm({source})" for lhs, source in sources.items() if {lhs, source} <= set(stages)}
+
+
+def expected(case):
+    """(llama.cpp architecture, the stages a layer records, the identities checked on them) of
+    ``case``: the stages of its family's preset for the tiny model's config, which the node table
+    (or one of its variants) must name, and the identities those stages promise."""
+    family, _ = CASES[case]
+    config = tiny_gguf.config(case)
+    preset = families.choose([preset.layer_class for preset in family.ARCHITECTURES], config, family.ARCHITECTURES)
+    r = float(getattr(config, "residual_multiplier")) if "residual_multiplier" in preset.config_metadata else 1.0
+    stages = ["input", *preset.stages, "output"]
+    return families.gguf_architecture(family), stages, promised_identities(stages, r)
+
 
 PRE_NORM = ["input", "attn_in", "attn_out", "resid_mid", "mlp_in", "mlp_out", "output"]
 PRE_NORM_QK = ["input", "attn_in", "q_norm", "k_norm", "attn_out", "resid_mid", "mlp_in", "mlp_out", "output"]
@@ -27,8 +67,10 @@ SANDWICH_IDENTITIES = {"resid_mid = input + attn_post_norm", "output = resid_mid
                        "mlp_post_norm = norm(mlp_out)"}
 PARALLEL_IDENTITIES = {"output = input + attn_out + mlp_out", "attn_in = norm(input)"}
 
-#: case -> (llama.cpp architecture, the stages a layer records, the identities checked on them).
-CASES = {
+#: The expectations of the families of today, written out (a new family needs no line here): what
+#: llama.cpp records of them, so that a change of a family's preset or of the stage check's
+#: identities shows here too.
+WRITTEN_OUT = {
     "llama": ("llama", PRE_NORM, PRE_NORM_IDENTITIES),
     "mistral": ("llama", PRE_NORM, PRE_NORM_IDENTITIES),
     "mixtral": ("llama", PRE_NORM, PRE_NORM_IDENTITIES),
@@ -41,11 +83,11 @@ CASES = {
                           "mlp_post_norm", "output"], SANDWICH_IDENTITIES),
     "gemma3_text": ("gemma3", ["input", "attn_in", "q_norm", "k_norm", "attn_out", "attn_post_norm", "resid_mid",
                                "mlp_in", "mlp_out", "mlp_post_norm", "output"], SANDWICH_IDENTITIES),
-    "phi3": ("phi3", PRE_NORM, PRE_NORM_IDENTITIES),
     "olmo2": ("olmo2", ["input", "q_norm", "k_norm", "attn_out", "attn_post_norm", "resid_mid", "mlp_out",
                         "mlp_post_norm", "output"],
               {"resid_mid = input + attn_post_norm", "output = resid_mid + mlp_post_norm",
                "attn_post_norm = norm(attn_out)", "mlp_post_norm = norm(mlp_out)"}),
+    "phi3": ("phi3", PRE_NORM, PRE_NORM_IDENTITIES),
     "granite": ("granite", PRE_NORM, {"resid_mid = input + 0.5·attn_out", "output = resid_mid + 0.5·mlp_out",
                                       "attn_in = norm(input)", "mlp_in = norm(resid_mid)"}),
     "starcoder2": ("starcoder2", PRE_NORM, PRE_NORM_IDENTITIES),
@@ -64,25 +106,40 @@ def ggufs():
     return tiny_gguf.cached(list(CASES))
 
 
-def test_every_llama_cpp_architecture_with_a_table_has_a_case():
-    assert {architecture for architecture, _, _ in CASES.values()} == set(llama_cpp.TABLES)
-    assert set(CASES) == set(tiny_gguf.CONFIGS)
+def test_every_llama_cpp_architecture_and_variant_is_run():
+    """Every family llama.cpp reads has a tiny model, one case a name; every node table, and
+    every variant of one, records the stages of some case."""
+    runs = [(family, case) for family in families.FAMILY_FILES for case in families.tiny_models(family)]
+    assert len({case for _, case in runs}) == len(runs) == len(CASES), "a case's name twice"
+    assert {families.family_name(f) for f, _ in runs} == {families.family_name(f) for f in families.FAMILY_FILES
+                                                          if families.gguf_architecture(f)}
+    cases = {case: expected(case) for case in CASES}
+    assert {architecture for architecture, _, _ in cases.values()} == set(llama_cpp.TABLES)
+    for architecture, table in llama_cpp.TABLES.items():
+        for _, stages in ((None, table.stages), *table.variants):
+            names = ["input", *(stage for stage, _ in stages)]
+            assert any(a == architecture and s == names for a, s, _ in cases.values()), (architecture, names)
 
 
-def test_each_case_converts_to_the_architecture_its_family_file_says():
-    """llama.cpp's converter writes the architecture a family file declares (Mistral's and
-    Mixtral's GGUFs are ``llama``): the cases are transformers' model types."""
-    from model_trace import families
+def test_the_expectations_derived_from_the_family_files_are_the_written_out_ones():
+    assert set(WRITTEN_OUT) <= set(CASES)
+    for case, written in WRITTEN_OUT.items():
+        assert expected(case) == written, case
 
-    by_name = {families.family_name(family): family for family in families.FAMILY_FILES}
-    for case, (architecture, _, _) in CASES.items():
-        family = by_name[{"gemma3_text": "gemma3", "falcon_new": "falcon"}.get(case, case)]
-        assert families.gguf_architecture(family) == architecture, case
+
+def test_the_identities_a_layer_promises_are_the_stage_checks():
+    """``promised_identities`` is what ``stage_check`` derives from the same stages (on random
+    values, where every identity is judged)."""
+    rows = np.random.default_rng(0).normal(size=(8, 16))
+    for _, stages, _ in WRITTEN_OUT.values():
+        for r in (1.0, 0.5):
+            derived = {o.identity for o in stage_check.check_layer({s: rows for s in stages}, 0, r)}
+            assert derived == promised_identities(stages, r), stages
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_llama_cpp_runs_the_node_table_and_the_stage_check_holds(case, ggufs, tmp_path):
-    architecture, stages, identities = CASES[case]
+    architecture, stages, identities = expected(case)
     out = tmp_path / f"{case}.ndjson"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,7 +1,8 @@
 """Tiny random GGUFs of each family llama.cpp's node tables cover, so that llama.cpp runs every
 table (``model_trace.llama_cpp.TABLES``) rather than the tests only reading it.
 
-A family's model is transformers' own class from a small random config (2 layers, width 64),
+A family's model is transformers' own class from a small random config (2 layers, width 64: its
+family file's ``TINY_MODELS``, by default its name as the model type with no fields of its own),
 saved with ``save_pretrained`` and converted by llama.cpp's own ``convert_hf_to_gguf.py`` of the
 llama.cpp that llama-cpp-python 0.3.36 vendors (so the GGUF's tensor names, shapes and keys are
 what llama.cpp expects of that architecture). The converter is taken from that version's sdist
@@ -10,11 +11,12 @@ converter files extracted, once, into ``$MODEL_TRACE_MODELS/llama-cpp-python-0.3
 There is no tokenizer: the GGUF's vocabulary is llama.cpp's ``none`` type with
 ``vocab_size`` dummy tokens, and the tests feed token ids.
 
-    python python/tests/tiny_gguf.py MODEL_TYPE...     # makes (once) and prints their GGUFs
+    python python/tests/tiny_gguf.py CASE...     # makes (once) and prints their GGUFs (a case: llama, falcon_new)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,44 +24,25 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from types import ModuleType
+from typing import Any, Dict, Mapping, Sequence, Tuple
+
+from model_trace import families
+from model_trace.families import TinyModel
 
 MODELS = Path(os.environ.get("MODEL_TRACE_MODELS", os.path.expanduser("~/.cache/model-trace")))
 LLAMA_CPP_PYTHON = "0.3.36"
 CONVERTER = MODELS / f"llama-cpp-python-{LLAMA_CPP_PYTHON}-convert"
 
-_SMALL: Dict[str, Any] = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+#: The fields every tiny model's config starts from (a family's ``TinyModel.config`` on top).
+SMALL: Dict[str, Any] = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 
-#: A case's name (transformers' model_type, or a variant of it: ``falcon_new``) -> its small
-#: config's fields (on top of _SMALL, but for GPT-2).
-CONFIGS: Dict[str, Dict[str, Any]] = {
-    "llama": {},
-    "mistral": {"sliding_window": None},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "qwen2": {},
-    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                  "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "qwen3": {"head_dim": 16},
-    "qwen3_moe": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                  "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "gemma": {"head_dim": 16},
-    "gemma2": {"head_dim": 16, "sliding_window": 64},
-    "gemma3_text": {"head_dim": 16, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]},
-    "phi3": {"pad_token_id": 0},
-    "olmo2": {},
-    "granite": {"residual_multiplier": 0.5, "embedding_multiplier": 3.0, "logits_scaling": 2.0,
-                "attention_multiplier": 0.25},
-    "starcoder2": {"use_bias": True},
-    "stablelm": {},
-    "falcon": {"num_key_value_heads": 1, "num_kv_heads": 1, "new_decoder_architecture": False, "parallel_attn": True,
-               "multi_query": True, "alibi": False,
-               "bias": False},
-    # Falcon 40B's layout: ln_attn and ln_mlp, grouped KV heads, parallel.
-    "falcon_new": {"num_kv_heads": 2, "new_decoder_architecture": True, "parallel_attn": True, "alibi": False,
-                   "bias": False},
-    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "n_ctx": 128},
-}
+#: A case's name -> (its family file, its :class:`~model_trace.families.TinyModel`): every family
+#: file's tiny models (``model_trace.families.tiny_models``), so that a new family file is run
+#: with no edit here.
+CASES: Dict[str, Tuple[ModuleType, TinyModel]] = {
+    case: (family, tiny) for family in families.FAMILY_FILES for case, tiny in families.tiny_models(family).items()}
 
 
 def converter() -> Path:
@@ -91,16 +74,19 @@ def converter() -> Path:
 
 
 def config(case: str):
-    """A small random config of transformers' class for ``case`` (a key of CONFIGS)."""
+    """A small random config of transformers' class for ``case`` (a key of CASES)."""
     from transformers import AutoConfig
 
-    fields = dict(CONFIGS[case])
-    model_type = case.split("_new")[0]
-    if model_type != "gpt2":
-        fields = {**_SMALL, **fields}
-    else:
-        fields["vocab_size"] = 256
-    return AutoConfig.for_model(model_type, **fields)
+    tiny = CASES[case][1]
+    return AutoConfig.for_model(tiny.model_type, **{**SMALL, **tiny.config})
+
+
+def file_name(case: str) -> str:
+    """``<case>-<digest>.gguf``: the digest of its model type and fields, so that a family file
+    whose tiny model changed gets a new GGUF rather than the cached one."""
+    tiny = CASES[case][1]
+    fields = json.dumps([tiny.model_type, {**SMALL, **tiny.config}], sort_keys=True)
+    return f"{case}-{hashlib.sha256(fields.encode()).hexdigest()[:12]}.gguf"
 
 
 def cached(cases: Sequence[str]) -> Dict[str, Path]:
@@ -110,23 +96,23 @@ def cached(cases: Sequence[str]) -> Dict[str, Path]:
     import transformers
 
     directory = MODELS / f"tiny-gguf-transformers-{transformers.__version__}-llama-cpp-python-{LLAMA_CPP_PYTHON}"
-    paths = {case: directory / f"{case}.gguf" for case in cases}
-    missing = [case for case, path in paths.items() if not path.is_file()]
+    paths = {case: directory / file_name(case) for case in cases}
+    missing = {case: path for case, path in paths.items() if not path.is_file()}
     if missing:
         directory.mkdir(parents=True, exist_ok=True)
-        write(missing, directory)
+        write(missing)
     return paths
 
 
-def write(cases: Sequence[str], out: Path) -> None:
-    """``OUT/<case>.gguf`` of a random model of each of ``cases`` (float32),
+def write(paths: Mapping[str, Path]) -> None:
+    """The GGUF of a random model of each case of ``paths`` (case -> where it goes; float32),
     converted in one process; each file renamed into place when whole."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as staging:
         jobs = []
-        for case in cases:
+        for case in paths:
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(config(case), dtype=torch.float32)
             with torch.no_grad():  # random norms' weights, so that a norm is not an identity
@@ -140,12 +126,15 @@ def write(cases: Sequence[str], out: Path) -> None:
             (directory / "tokenizer.json").write_text(json.dumps(
                 {"model": {"vocab": {f"<{i}>": i for i in range(vocab)}}, "added_tokens": []}))
             jobs += [str(directory), str(Path(staging) / f"{case}.gguf")]
+        # The converter's process imports this module, so model_trace too: the one this process has.
+        package_root = str(Path(families.__file__).resolve().parents[2])
+        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         result = subprocess.run([sys.executable, __file__, "--convert", *jobs], capture_output=True, text=True,
-                                timeout=900)
+                                timeout=900, env={**os.environ, "PYTHONPATH": path})
         if result.returncode != 0:
-            raise RuntimeError(f"converting random {', '.join(cases)} to GGUF failed:\n{result.stderr[-3000:]}")
-        for case in cases:
-            os.replace(Path(staging) / f"{case}.gguf", out / f"{case}.gguf")
+            raise RuntimeError(f"converting random {', '.join(paths)} to GGUF failed:\n{result.stderr[-3000:]}")
+        for case, path in paths.items():
+            os.replace(Path(staging) / f"{case}.gguf", path)
 
 
 def _convert_all(jobs: Sequence[str]) -> None:

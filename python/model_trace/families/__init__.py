@@ -21,6 +21,14 @@ named after its family and declares, as module constants:
   family with a graph of its own; or ``GGUF_ARCHITECTURE``: the llama.cpp architecture its GGUFs
   convert to, where another family's table reads them (Mistral and Mixtral: ``llama``); neither
   where llama.cpp is not read (BERT);
+- ``TINY_MODELS`` (optional), for a family whose GGUFs llama.cpp reads: case name ->
+  :class:`TinyModel`, the small random models of it on which the tests run llama.cpp's graph
+  (``python/tests/test_llama_cpp_families.py``): each must record the stages its preset for that
+  config records (the node table's, or a variant's), and pass the stage check with every identity
+  those stages promise checked. Without it: one model, the family's name as transformers' model
+  type, no fields of its own. Declare it where the model type differs (``gemma3_text``), where
+  the converter or the model needs more (``head_dim``, MoE sizes), and once a variant
+  (Falcon's ``falcon_new``);
 - ``NAME_MAP_LEAVES`` (Llama, BERT): leaf module -> stage, the modules transformers'
   ``model_addition_debugger_context`` records inside a block: with them the family has a
   ``model-trace diff --map <family>`` preset (:mod:`model_trace.families.name_maps`).
@@ -54,7 +62,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from .inference import (ATTENTION, IGNORED, MLP, NORM, UNKNOWN, Call, InferenceError, architecture_source, infer,
                         kind_of)
 from .layouts import (ATTN_PROJECTION, ATTN_RESIDUAL, H_LAYERS, HEADS_FIRST, LAYERS, PRE_NORM_QK_STAGES,
-                      PRE_NORM_STAGES, SANDWICH_STAGES, Architecture, NodeTable, StageSource)
+                      PRE_NORM_STAGES, SANDWICH_STAGES, Architecture, NodeTable, StageSource, TinyModel)
 
 #: The modules of this package that are not family files: the declared types and shared
 #: layouts, the inference of unknown block classes, the module names and the Rust presets.
@@ -107,6 +115,14 @@ def gguf_architecture(family: ModuleType) -> Optional[str]:
     return table.architecture if table is not None else getattr(family, "GGUF_ARCHITECTURE", None)
 
 
+def tiny_models(family: ModuleType) -> Dict[str, TinyModel]:
+    """The small random models of a family the tests run llama.cpp on: its ``TINY_MODELS``, or
+    one of its name's model type with no fields of its own; none where llama.cpp is not read."""
+    if gguf_architecture(family) is None:
+        return {}
+    return dict(getattr(family, "TINY_MODELS", None) or {family_name(family): TinyModel(family_name(family))})
+
+
 def known(families: Sequence[Architecture] = ()) -> Dict[str, Architecture]:
     """The presets by family name (a family with variants: its last, unconditional one)."""
     return {architecture.name: architecture for architecture in (families or FAMILIES)}
@@ -139,5 +155,5 @@ def stage_table(families: Sequence[Architecture] = FAMILIES) -> str:
 __all__ = ["ATTENTION", "ATTN_PROJECTION", "ATTN_RESIDUAL", "FAMILIES", "FAMILY_FILES", "H_LAYERS", "HEADS_FIRST",
            "IGNORED", "LAYERS", "MLP", "NORM", "PRESETS", "PRE_NORM_QK_STAGES", "PRE_NORM_STAGES", "SANDWICH_STAGES",
            "SHARED_MODULES", "TABLES", "UNKNOWN", "Architecture", "Call", "InferenceError", "NodeTable", "StageSource",
-           "architecture_source", "choose", "family_name", "gguf_architecture", "infer", "kind_of", "known",
-           "stage_table", *PRESETS]
+           "TinyModel", "architecture_source", "choose", "family_name", "gguf_architecture", "infer", "kind_of",
+           "known", "stage_table", "tiny_models", *PRESETS]

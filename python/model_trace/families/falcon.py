@@ -8,7 +8,7 @@ architecture's second attention norm (``attn_norm_2`` = ``ln_attn``) gives the M
 
 from typing import Any, Dict
 
-from .layouts import ATTN_PROJECTION, H_LAYERS, Architecture, NodeTable, StageSource
+from .layouts import ATTN_PROJECTION, H_LAYERS, Architecture, NodeTable, StageSource, TinyModel
 
 ORDER = 160
 
@@ -47,3 +47,12 @@ NODE_TABLE = NodeTable("falcon", "embd", (("attn_in", ("attn_norm",)), ("attn_ou
                        variants=(("attn_norm_2", (("attn_in", ("attn_norm_2",)), ("mlp_in", ("attn_norm",)),
                                                   ("attn_out", (ATTN_PROJECTION,)), ("mlp_out", ("ffn_out",)),
                                                   ("output", ("l_out",)))),))
+TINY_MODELS = {
+    "falcon": TinyModel("falcon", {"num_key_value_heads": 1, "num_kv_heads": 1, "new_decoder_architecture": False,
+                                   "parallel_attn": True, "multi_query": True, "alibi": False, "bias": False}),
+    # Falcon 40B's layout: ln_attn and ln_mlp, grouped KV heads, parallel (transformers' layer sets
+    # num_ln_in_parallel_attn=2 on the config it is built from; the preset's `when` reads it).
+    "falcon_new": TinyModel("falcon", {"num_kv_heads": 2, "new_decoder_architecture": True,
+                                       "num_ln_in_parallel_attn": 2, "parallel_attn": True, "alibi": False,
+                                       "bias": False}),
+}

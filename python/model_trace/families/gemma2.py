@@ -8,10 +8,11 @@ llama.cpp: ``inp_scaled`` (the embeddings times sqrt(width)) is layer 0's input,
 named without its layer (``cb(..., -1)``), ``mlp_post_norm``.
 """
 
-from .layouts import SANDWICH_STAGES, NodeTable, llama_like, sandwich_nodes
+from .layouts import SANDWICH_STAGES, NodeTable, TinyModel, llama_like, sandwich_nodes
 
 ORDER = 90
 GEMMA2 = llama_like("gemma2", "Gemma2DecoderLayer", SANDWICH_STAGES)
 ARCHITECTURES = (GEMMA2,)
 NODE_TABLE = NodeTable("gemma2", "inp_scaled", sandwich_nodes(qk=False, post_norms=True),
                        unnumbered=frozenset({"ffn_post_norm"}))
+TINY_MODELS = {"gemma2": TinyModel("gemma2", {"head_dim": 16, "sliding_window": 64})}

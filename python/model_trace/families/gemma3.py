@@ -12,9 +12,11 @@ before RoPE, as transformers' ``q_norm``/``k_norm`` return them); ``attn_post_no
 ``mlp_post_norm``.
 """
 
-from .layouts import HEADS_FIRST, SANDWICH_STAGES, NodeTable, llama_like, sandwich_nodes, with_qk_norms
+from .layouts import HEADS_FIRST, SANDWICH_STAGES, NodeTable, TinyModel, llama_like, sandwich_nodes, with_qk_norms
 
 ORDER = 100
 GEMMA3 = llama_like("gemma3", "Gemma3DecoderLayer", with_qk_norms(SANDWICH_STAGES, HEADS_FIRST))
 ARCHITECTURES = (GEMMA3,)
 NODE_TABLE = NodeTable("gemma3", "inp_scaled", sandwich_nodes(qk=True, post_norms=True))
+TINY_MODELS = {"gemma3_text": TinyModel("gemma3_text", {
+    "head_dim": 16, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]})}

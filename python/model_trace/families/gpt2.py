@@ -5,7 +5,7 @@ llama.cpp: ``inpL`` (the token embeddings plus the learned position embeddings) 
 input; ``attn_out`` is the add of ``blk.N.attn_output.bias`` after the projection.
 """
 
-from .layouts import H_LAYERS, Architecture, NodeTable, pre_norm_nodes
+from .layouts import H_LAYERS, Architecture, NodeTable, TinyModel, pre_norm_nodes
 
 ORDER = 170
 GPT2 = Architecture(
@@ -19,3 +19,4 @@ GPT2 = Architecture(
     })
 ARCHITECTURES = (GPT2,)
 NODE_TABLE = NodeTable("gpt2", "inpL", pre_norm_nodes())
+TINY_MODELS = {"gpt2": TinyModel("gpt2", {"n_ctx": 128})}

@@ -8,10 +8,12 @@ residual scale, the GGUF's ``granite.residual_scale``, which the header records 
 ``residual_multiplier``.
 """
 
-from .layouts import NodeTable, llama_like, pre_norm_nodes
+from .layouts import NodeTable, TinyModel, llama_like, pre_norm_nodes
 
 ORDER = 130
 GRANITE = llama_like("granite", "GraniteDecoderLayer", config_metadata=("residual_multiplier",))
 ARCHITECTURES = (GRANITE,)
 NODE_TABLE = NodeTable("granite", "embd", pre_norm_nodes(attn_out=("attn_out",), mlp_out=("ffn_out", "ffn_moe_out")),
                        residual_scale="granite.residual_scale")
+TINY_MODELS = {"granite": TinyModel("granite", {
+    "residual_multiplier": 0.5, "embedding_multiplier": 3.0, "logits_scaling": 2.0, "attention_multiplier": 0.25})}

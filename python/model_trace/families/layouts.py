@@ -1,8 +1,9 @@
 """What a family file declares, and the layouts several families share.
 
-Two declarative types: an :class:`Architecture` says where a transformers model's blocks and
+Three declarative types: an :class:`Architecture` says where a transformers model's blocks and
 stages are (what ``model_trace.torch`` hooks); a :class:`NodeTable` says which nodes of a
-llama.cpp graph are which stage (what ``model_trace.llama_cpp`` reads). Below them the block
+llama.cpp graph are which stage (what ``model_trace.llama_cpp`` reads); a :class:`TinyModel` is a
+small random model of the family on which the tests run its node table. Below them the block
 layouts more than one family has: Llama's pre-norm block, Gemma 2's sandwich norms, in both
 forms. Nothing here imports torch.
 """
@@ -109,6 +110,22 @@ class NodeTable:
             if marker in present:
                 return stages
         return self.stages
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A small random model of a family, which the tests (``python/tests/tiny_gguf.py``) convert
+    to a GGUF with llama.cpp's own converter and run through llama.cpp, to check the family's
+    node table on a real graph.
+
+    ``model_type``: transformers' model type (``AutoConfig.for_model``; ``gemma3_text``).
+    ``config``: its config's fields on top of the tests' small ones (2 layers, width 64, 4 heads
+    of which 2 key/value heads, a vocabulary of 256): what the converter or the model needs
+    besides (``head_dim``, MoE sizes), or what picks a variant of the block (Falcon's
+    ``new_decoder_architecture``)."""
+
+    model_type: str
+    config: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- transformers' blocks ---------------------------------------------------------------------

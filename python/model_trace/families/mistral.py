@@ -5,9 +5,10 @@ Its GGUF is llama.cpp's ``llama`` (the converter writes that architecture), read
 of ``llama.py``.
 """
 
-from .layouts import llama_like
+from .layouts import TinyModel, llama_like
 
 ORDER = 20
 MISTRAL = llama_like("mistral", "MistralDecoderLayer")
 ARCHITECTURES = (MISTRAL,)
 GGUF_ARCHITECTURE = "llama"
+TINY_MODELS = {"mistral": TinyModel("mistral", {"sliding_window": None})}

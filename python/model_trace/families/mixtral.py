@@ -5,9 +5,10 @@ Its GGUF is llama.cpp's ``llama``, read with the table of ``llama.py``, where a 
 ``mlp_out`` is ``ffn_moe_out-N``.
 """
 
-from .layouts import llama_like
+from .layouts import TinyModel, llama_like
 
 ORDER = 30
 MIXTRAL = llama_like("mixtral", "MixtralDecoderLayer")
 ARCHITECTURES = (MIXTRAL,)
 GGUF_ARCHITECTURE = "llama"
+TINY_MODELS = {"mixtral": TinyModel("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2})}

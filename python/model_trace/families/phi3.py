@@ -7,7 +7,7 @@ llama.cpp leaves both the attention's output projection and its sum with the str
 (``ATTN_RESIDUAL``). ``mlp_out`` is ``ffn_moe_out-N`` in a MoE layer.
 """
 
-from .layouts import ATTN_PROJECTION, ATTN_RESIDUAL, NodeTable, llama_like
+from .layouts import ATTN_PROJECTION, ATTN_RESIDUAL, NodeTable, TinyModel, llama_like
 
 ORDER = 110
 PHI3 = llama_like("phi3", "Phi3DecoderLayer")
@@ -15,3 +15,4 @@ ARCHITECTURES = (PHI3,)
 NODE_TABLE = NodeTable("phi3", "embd", (("attn_in", ("attn_norm",)), ("attn_out", (ATTN_PROJECTION,)),
                                         ("resid_mid", (ATTN_RESIDUAL,)), ("mlp_in", ("ffn_norm",)),
                                         ("mlp_out", ("ffn_out", "ffn_moe_out")), ("output", ("l_out",))))
+TINY_MODELS = {"phi3": TinyModel("phi3", {"pad_token_id": 0})}

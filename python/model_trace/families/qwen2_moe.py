@@ -5,9 +5,12 @@
 same sum: the routed experts' ``ffn_moe_out`` plus the gated shared expert.
 """
 
-from .layouts import NodeTable, llama_like, pre_norm_nodes
+from .layouts import NodeTable, TinyModel, llama_like, pre_norm_nodes
 
 ORDER = 50
 QWEN2_MOE = llama_like("qwen2_moe", "Qwen2MoeDecoderLayer")
 ARCHITECTURES = (QWEN2_MOE,)
 NODE_TABLE = NodeTable("qwen2moe", "embd", pre_norm_nodes())
+TINY_MODELS = {"qwen2_moe": TinyModel("qwen2_moe", {
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    "decoder_sparse_step": 1, "mlp_only_layers": []})}

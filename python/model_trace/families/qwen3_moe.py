@@ -3,9 +3,12 @@ block (per-head query/key norms) whose MLP is a mixture of experts: ``mlp_out`` 
 block's output, llama.cpp's ``ffn_moe_out-N``.
 """
 
-from .layouts import PRE_NORM_QK_STAGES, NodeTable, llama_like, pre_norm_nodes
+from .layouts import PRE_NORM_QK_STAGES, NodeTable, TinyModel, llama_like, pre_norm_nodes
 
 ORDER = 70
 QWEN3_MOE = llama_like("qwen3_moe", "Qwen3MoeDecoderLayer", PRE_NORM_QK_STAGES)
 ARCHITECTURES = (QWEN3_MOE,)
 NODE_TABLE = NodeTable("qwen3moe", "embd", pre_norm_nodes(mlp_out=("ffn_moe_out",), qk=True))
+TINY_MODELS = {"qwen3_moe": TinyModel("qwen3_moe", {
+    "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
+    "mlp_only_layers": []})}
