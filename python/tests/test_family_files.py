@@ -4,6 +4,7 @@ docstring in the package promises, a new family is one new file, and the Rust ru
 
 import difflib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,31 @@ from model_trace import families, llama_cpp
 from model_trace.families import name_maps
 
 PACKAGE = Path(families.__file__).resolve().parents[1]
+TRACE_FORMAT = PACKAGE.parents[1] / "docs" / "trace-format.md"
+
+
+def first_cells(text, header):
+    """The first cell of each row of the Markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1])
+    return rows
+
+
+def test_the_trace_format_tables_name_every_family_and_llama_cpp_architecture():
+    """docs/trace-format.md's tables are written by hand: a family file added without its rows
+    (the stage table, and the llama.cpp table for a graph of its own) fails here."""
+    text = TRACE_FORMAT.read_text(encoding="utf-8")
+    stage_rows = first_cells(text, "| family (transformers block class) |")
+    documented = {word for cell in stage_rows for word in re.findall(r"[a-z][a-z0-9_]*", cell)}
+    missing = [families.family_name(f) for f in families.FAMILY_FILES if families.family_name(f) not in documented]
+    assert not missing, f"{TRACE_FORMAT}: the stage table has no row for {missing}"
+    graph_rows = first_cells(text, "| architecture (`general.architecture`")
+    assert {re.match(r"\s*`([^`]+)`", cell).group(1) for cell in graph_rows} == set(families.TABLES)
 
 
 def test_the_rust_presets_are_what_the_family_files_give():

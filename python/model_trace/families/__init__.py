@@ -7,16 +7,24 @@ adapters. Nothing here imports torch.
 llama.cpp graph of its own; ``mistral.py`` for a family whose GGUF converts to another family's
 llama.cpp architecture, ``falcon.py`` for variants of one block class) and change what differs.
 The package finds it (every module here but :data:`SHARED_MODULES` is a family file), and the
-torch tracer, the llama.cpp writer and the stage check read it from here. A family file is
-named after its family and declares, as module constants:
+torch tracer, the llama.cpp writer, the stage check and the tests read it from here: no code or
+test is edited (``python/tests/test_llama_cpp_families.py`` runs its node table on a tiny model of
+it, see ``TINY_MODELS``). Its documentation is by hand: add the family's rows to docs/trace-format.md's
+stage table and, for a graph of its own, its table of llama.cpp nodes
+(``python/tests/test_family_files.py`` fails until they name it), and its name to the lists of
+families in README.md and python/README.md. A family file is named after its family and
+declares, as module constants:
 
 - its presets: :class:`Architecture` constants named in capitals (``LLAMA``,
   ``FALCON_SEQUENTIAL``), which this package and ``model_trace.torch`` export under those names;
 - ``ARCHITECTURES``: those presets in the order they are tried: variants of one block class whose
   forward depends on the config (Falcon, StableLM) with a ``when`` before the one without;
-- ``ORDER``: where the family stands among the others in :data:`FAMILIES` (the order presets are
-  tried in, which matters only for a model holding the blocks of two families, and the rows of
-  :func:`stage_table`);
+- ``ORDER``: where the family stands among the others in :data:`FAMILIES`: the order presets are
+  tried in (which matters only for a model holding the blocks of two families), the rows of
+  :func:`stage_table`, and, the first family that declares ``NAME_MAP_LEAVES`` first, the order
+  of the Rust presets. Orders are unique (a test says so) and go by tens: a new family takes the
+  next ten after the last (``FAMILY_FILES[-1].ORDER + 10``: 190 after BERT's 180); it matters
+  only when its block class could meet another family's in one model;
 - ``NODE_TABLE``: the :class:`NodeTable` of its llama.cpp graph (``general.architecture``), for a
   family with a graph of its own; or ``GGUF_ARCHITECTURE``: the llama.cpp architecture its GGUFs
   convert to, where another family's table reads them (Mistral and Mixtral: ``llama``); neither
@@ -27,8 +35,8 @@ named after its family and declares, as module constants:
   config records (the node table's, or a variant's), and pass the stage check with every identity
   those stages promise checked. Without it: one model, the family's name as transformers' model
   type, no fields of its own. Declare it where the model type differs (``gemma3_text``), where
-  the converter or the model needs more (``head_dim``, MoE sizes), and once a variant
-  (Falcon's ``falcon_new``);
+  the converter or the model needs more (``head_dim``, MoE sizes), and one model more
+  for each variant of the block (Falcon's ``falcon_new``);
 - ``NAME_MAP_LEAVES`` (Llama, BERT): leaf module -> stage, the modules transformers'
   ``model_addition_debugger_context`` records inside a block: with them the family has a
   ``model-trace diff --map <family>`` preset (:mod:`model_trace.families.name_maps`).
