@@ -661,6 +661,17 @@ mod enabled {
             .unwrap();
         forward(&X, 1, None);
         let given = given.finish();
+
+        // A trace file the environment names that cannot be created is skipped, and with it
+        // the captures given in code that needed it: the environment never stops `start`.
+        std::env::set_var(FILTER_ENV_VAR, "");
+        std::env::set_var(OUT_ENV_VAR, "/no/such/dir/run.ndjson");
+        let without_file = builder()
+            .capture("layer:*")
+            .start()
+            .expect("the environment's trace file is skipped, and the captures with it");
+        let without_file_errors = without_file.finish_with_errors().1;
+        let file_strict = builder().capture("layer:*").try_start();
         drop(environment);
 
         // `block` records no statistics of its own; the stage admitted inside it still joins it.
@@ -693,6 +704,32 @@ mod enabled {
             "an invalid filter is ignored"
         );
         assert_eq!(layer_indices(&given), vec![vec![0]]);
+        let without_file = messages(&without_file_errors);
+        assert_eq!(without_file.len(), 2, "{without_file:?}");
+        assert!(
+            without_file[0].starts_with("MODEL_TRACE_OUT: ")
+                && without_file[1].starts_with("MODEL_TRACE_OUT: ")
+                && without_file[1].ends_with("going on without captures"),
+            "{without_file:?}"
+        );
+        assert!(file_strict.is_err());
+    }
+
+    #[test]
+    fn an_unusable_rank_stops_start_and_start_lenient_goes_on_without_it() {
+        let builder = || Session::builder(ModelTracerConfig::lightweight()).rank(2, 2);
+        let error = builder().start().expect_err("rank 2 of 2 is no rank");
+        assert!(error.to_string().contains("rank 2"), "{error}");
+        let lenient = builder().start_lenient();
+        forward(&X, 1, None);
+        let (tracer, errors) = lenient.finish_with_errors();
+        assert_eq!(layer_indices(&tracer), vec![vec![0]], "the session records");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].message.ends_with("going on without a rank"),
+            "{}",
+            errors[0]
+        );
     }
 
     #[test]

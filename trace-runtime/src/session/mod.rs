@@ -203,8 +203,9 @@ impl Session {
     /// model-trace: MODEL_TRACE_OUT: cannot create the trace file /no/such/dir/run.ndjson: No such file or directory (os error 2); going on without a trace file
     /// ```
     ///
-    /// This is `Session::builder(config).from_env().start()` ([`SessionBuilder::start`]), which
-    /// cannot fail when the builder was given nothing itself.
+    /// This is `Session::builder(config).from_env().start_lenient()`: with nothing given in
+    /// code, what [`SessionBuilder::start`] does, without its `Result` (an unusable `RANK` is
+    /// not read here: `rank_from_env` is the builder's).
     pub fn start(config: ModelTracerConfig) -> Self {
         Session::builder(config).from_env().start_lenient()
     }

@@ -186,7 +186,8 @@ impl SessionBuilder {
     ///
     /// A reference that cannot be read, or that has no captures, is an error when the session
     /// starts; named by `MODEL_TRACE_ISOLATE` (or with [`start_lenient`](Self::start_lenient)),
-    /// the session goes on without isolation, and says so.
+    /// the session goes on without isolation, and says so ([`try_start`](Self::try_start):
+    /// an error there too).
     pub fn isolate(mut self, path: impl AsRef<Path>) -> Self {
         self.isolate = Setting::Given(path.as_ref().to_string_lossy().into_owned());
         self

@@ -86,11 +86,19 @@ impl Refusals {
             _ => String::new(),
         };
         let message = format!("{prefix}{error}; {instead}");
-        if cfg!(feature = "enabled") {
-            eprintln!("model-trace: {message}");
-        }
         self.reports.push((RecordErrorKind::Config, message));
         Ok(())
+    }
+
+    /// Says on stderr each value the session goes on without, once nothing can stop it from
+    /// starting (not as they are found: a later error would stop the start, and "going on"
+    /// would be untrue).
+    fn print_skipped(&self) {
+        for (kind, message) in &self.reports {
+            if *kind == RecordErrorKind::Config {
+                eprintln!("model-trace: {message}");
+            }
+        }
     }
 
     /// Warns about each pattern of the filter and of the interventions that matches none of
@@ -141,7 +149,7 @@ impl SessionBuilder {
         if !cfg!(feature = "enabled") {
             return Ok(Session::inert(self.config));
         }
-        let rank = self.resolve_rank()?;
+        let rank = self.resolve_rank(&mut refusals)?;
         let (capture, capture_origin) = self.resolve_capture(&mut refusals)?;
         let mut interventions = self.resolve_patch(&mut refusals)?;
         let isolation = self.resolve_isolation(&mut refusals)?;
@@ -150,15 +158,23 @@ impl SessionBuilder {
             interventions.insert(0, replay);
             reference
         });
-        let trace_file = self.resolve_trace_file(rank, &mut refusals)?;
+        let (trace_file, file_origin) = self.resolve_trace_file(rank, &mut refusals)?;
+        // Captures without their file: the environment's fault when the file it named could not
+        // be created, else the capture's.
+        let missing_file_origin = match file_origin {
+            Origin::Env(_) => file_origin,
+            Origin::Given => capture_origin,
+        };
         let capture_writer = self.resolve_capture_writer(
             capture.as_ref(),
-            capture_origin,
+            missing_file_origin,
             trace_file.as_deref(),
             &mut refusals,
         )?;
         interventions.append(&mut self.interventions);
         refusals.warn_unmatched(&filter, filter_origin, &interventions);
+        // Nothing below can fail: the session starts.
+        refusals.print_skipped();
         let mut header = self.header(&filter, capture.as_ref(), rank, &interventions);
         header.isolate = isolate;
         let setup = SessionSetup {
@@ -206,10 +222,25 @@ impl SessionBuilder {
     }
 
     /// The rank and world size: given, or from `RANK` and `WORLD_SIZE`; none without either.
-    /// An unusable one is an error even when it comes from the environment: the program asked
-    /// for a rank (`rank_from_env`), and ranks going on without one would all write the same
-    /// file, each over the others'.
-    fn resolve_rank(&self) -> Result<Option<(usize, usize)>, SessionError> {
+    /// An unusable one counts as given in code even when it comes from the environment (an
+    /// error of `start`, reported and skipped by `start_lenient` only): the program asked for a
+    /// rank (`rank_from_env`), and ranks going on without one would all write the same file,
+    /// each over the others'.
+    fn resolve_rank(
+        &self,
+        refusals: &mut Refusals,
+    ) -> Result<Option<(usize, usize)>, SessionError> {
+        match self.rank_and_world_size() {
+            Ok(rank) => Ok(rank),
+            Err(error) => {
+                refusals.refuse(error, Origin::Given, "going on without a rank")?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The rank and world size the builder was given or the environment says.
+    fn rank_and_world_size(&self) -> Result<Option<(usize, usize)>, SessionError> {
         let (rank, world_size) = match self.rank {
             RankSetting::None => return Ok(None),
             RankSetting::Given { rank, world_size } => (rank, world_size),
@@ -298,15 +329,16 @@ impl SessionBuilder {
     }
 
     /// The trace file: given, or `MODEL_TRACE_OUT`, named by the rank and the naming rule
-    /// ([`SessionBuilder::trace_file`]); created, and its writer made the first sink.
+    /// ([`SessionBuilder::trace_file`]); created, and its writer made the first sink. With it,
+    /// where it was asked for.
     fn resolve_trace_file(
         &mut self,
         rank: Option<(usize, usize)>,
         refusals: &mut Refusals,
-    ) -> Result<Option<PathBuf>, SessionError> {
+    ) -> Result<(Option<PathBuf>, Origin), SessionError> {
         let (text, origin) = self.setting(&self.trace_file, OUT_ENV_VAR);
         let Some(requested) = text.filter(|path| !path.is_empty()) else {
-            return Ok(None);
+            return Ok((None, Origin::Given));
         };
         let requested = Path::new(&requested);
         let path = format::claim_path(&match rank {
@@ -316,7 +348,7 @@ impl SessionBuilder {
         match TraceFileSink::create(&path) {
             Ok(sink) => {
                 self.sinks.insert(0, Box::new(sink));
-                Ok(Some(path))
+                Ok((Some(path), origin))
             }
             Err(source) => {
                 refusals.refuse(
@@ -324,7 +356,7 @@ impl SessionBuilder {
                     origin,
                     "going on without a trace file",
                 )?;
-                Ok(None)
+                Ok((None, origin))
             }
         }
     }
@@ -472,13 +504,13 @@ mod tests {
     #[test]
     fn a_rank_must_be_below_the_world_size() {
         let builder = Session::builder(ModelTracerConfig::lightweight()).rank(2, 2);
-        let error = builder.resolve_rank().unwrap_err();
+        let error = builder.rank_and_world_size().unwrap_err();
         assert_eq!(
             error.to_string(),
             "rank: rank 2 is not below the world size 2"
         );
         let builder = Session::builder(ModelTracerConfig::lightweight()).rank(1, 2);
-        assert_eq!(builder.resolve_rank().unwrap(), Some((1, 2)));
+        assert_eq!(builder.rank_and_world_size().unwrap(), Some((1, 2)));
     }
 
     #[test]
