@@ -120,7 +120,9 @@ impl CachedModel {
     }
 }
 
-/// This repository's `scripts/fetch-models` (the examples run from their source tree).
+/// This repository's `scripts/fetch-models`, found from where the example was compiled: a
+/// binary moved away from its source tree cannot fetch (it says which command to run), though
+/// it reads weights already in the cache wherever it runs.
 fn fetch_script() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.parent().and_then(Path::parent).unwrap_or(manifest);

@@ -489,9 +489,12 @@ def _ranges(layers: List[int]) -> str:
 def _check_stages(layers: Dict[int, Dict[str, np.ndarray]], architecture: str, table: NodeTable,
                   residual_multiplier: Optional[str]) -> None:
     """The stage check on the first pass's values: raises StageMapError on a failed identity."""
-    from .stage_check import StageMapError, check_layers, parse_multiplier
+    from .stage_check import StageMapError, check_layers
 
-    report = check_layers(layers, parse_multiplier(residual_multiplier))
+    # float(), not stage_check.parse_multiplier: a GGUF's residual scale that is no number is an
+    # error here, not a multiplier of 1 that would fail the check and blame the node table.
+    multiplier = float(residual_multiplier) if residual_multiplier is not None else 1.0
+    report = check_layers(layers, multiplier)
     if report.failures:
         raise StageMapError(report.failures, f"model_trace.llama_cpp (llama.cpp's {architecture!r} graph read with "
                                              f"the {table.architecture!r} node table)")
