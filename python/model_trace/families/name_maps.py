@@ -116,7 +116,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                   file=sys.stderr)
             return 1
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.out.parent.is_dir():
+        # Run from an installed package, the default path is not a checkout's trace-runtime.
+        print(f"{args.out.parent} is no directory: the Rust file belongs in a checkout of model-trace "
+              f"(trace-runtime/src/analysis/compare/names/); give --out", file=sys.stderr)
+        return 2
     args.out.write_text(wanted, encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -6,15 +6,15 @@
 //! them into what the report needs (the counts, the first divergence, one row per pass, the
 //! tensors of the pass the per-layer table is about, and the first [`LISTED`] unmatched tensors
 //! and warnings of each kind), with the tolerance a floor's trace sets each tensor (`floor`)
-//! and the tokens each run chose (`tokens`); `report` is what the comparison reports (the
+//! and the tokens each run chose (`tokens`); `diff_report` is what the comparison reports (the
 //! JSON) and `text` how it reads; `isolated` sets an isolated run's errors beside the plain
 //! run's, layer by layer (`diff --isolated`). Memory does not grow with the tensors of a pass
 //! times the passes.
 
+mod diff_report;
 mod findings;
 mod floor;
 pub(crate) mod isolated;
-mod report;
 mod stream;
 mod text;
 pub(crate) mod tokens;
@@ -24,10 +24,10 @@ use std::path::Path;
 
 use trace_runtime::compare::{CompareOptions, TensorComparison};
 
+pub(crate) use self::diff_report::DiffReport;
+use self::diff_report::FileInfo;
 use self::findings::Findings;
 pub(crate) use self::floor::{Floor, TensorJudgement};
-pub(crate) use self::report::DiffReport;
-use self::report::FileInfo;
 use self::stream::ReaderTally;
 use self::text::ratio_text;
 use crate::input::{InputError, TraceRun};

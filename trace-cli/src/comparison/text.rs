@@ -7,8 +7,8 @@ use trace_runtime::compare::{
     full_name, Check, ErrorMeasure, TensorKey, Tolerances, Unmatched, Verdict,
 };
 
+use super::diff_report::{unlike_text, DiffReport, Divergence};
 use super::floor::{NoFloor, TensorJudgement};
-use super::report::{unlike_text, DiffReport, Divergence};
 use super::tokens::TokenVerdict;
 use crate::style::Colors;
 
