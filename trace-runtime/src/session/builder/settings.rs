@@ -45,6 +45,9 @@ enum Origin {
     Given,
     /// Read from the environment variable(s) named.
     Env(&'static str),
+    /// Read from the environment variable(s) named because the program asked for them
+    /// (`rank_from_env`): named like [`Origin::Env`], refused like [`Origin::Given`].
+    EnvAskedFor(&'static str),
 }
 
 /// The values that cannot be used, as the steps find them: the error that stops the start, or
@@ -74,7 +77,7 @@ impl Refusals {
     ) -> Result<(), SessionError> {
         let stops = match self.unusable {
             Unusable::Error => true,
-            Unusable::ErrorIfGiven => origin == Origin::Given,
+            Unusable::ErrorIfGiven => !matches!(origin, Origin::Env(_)),
             Unusable::Skipped => false,
         };
         if stops {
@@ -82,7 +85,11 @@ impl Refusals {
         }
         // `MODEL_TRACE_PATCH`'s error names its variable itself.
         let prefix = match origin {
-            Origin::Env(var) if !matches!(error, SessionError::Patch(_)) => format!("{var}: "),
+            Origin::Env(var) | Origin::EnvAskedFor(var)
+                if !matches!(error, SessionError::Patch(_)) =>
+            {
+                format!("{var}: ")
+            }
             _ => String::new(),
         };
         let message = format!("{prefix}{error}; {instead}");
@@ -110,7 +117,7 @@ impl Refusals {
         interventions: &[Intervention],
     ) {
         let origin = match filter_origin {
-            Origin::Env(var) => var,
+            Origin::Env(var) | Origin::EnvAskedFor(var) => var,
             Origin::Given => "filter",
         };
         for pattern in filter.unmatched(&tracepoints()) {
@@ -163,7 +170,7 @@ impl SessionBuilder {
         // be created, else the capture's.
         let missing_file_origin = match file_origin {
             Origin::Env(_) => file_origin,
-            Origin::Given => capture_origin,
+            Origin::Given | Origin::EnvAskedFor(_) => capture_origin,
         };
         let capture_writer = self.resolve_capture_writer(
             capture.as_ref(),
@@ -222,10 +229,10 @@ impl SessionBuilder {
     }
 
     /// The rank and world size: given, or from `RANK` and `WORLD_SIZE`; none without either.
-    /// An unusable one counts as given in code even when it comes from the environment (an
-    /// error of `start`, reported and skipped by `start_lenient` only): the program asked for a
-    /// rank (`rank_from_env`), and ranks going on without one would all write the same file,
-    /// each over the others'.
+    /// An unusable one from the environment is refused like one given in code (an error of
+    /// `start`, reported and skipped by `start_lenient` only): the program asked for a rank
+    /// (`rank_from_env`), and ranks going on without one would all write the same file, each
+    /// over the others'.
     fn resolve_rank(
         &self,
         refusals: &mut Refusals,
@@ -233,7 +240,11 @@ impl SessionBuilder {
         match self.rank_and_world_size() {
             Ok(rank) => Ok(rank),
             Err(error) => {
-                refusals.refuse(error, Origin::Given, "going on without a rank")?;
+                let origin = match self.rank {
+                    RankSetting::FromEnv => Origin::EnvAskedFor("RANK and WORLD_SIZE"),
+                    _ => Origin::Given,
+                };
+                refusals.refuse(error, origin, "going on without a rank")?;
                 Ok(None)
             }
         }
