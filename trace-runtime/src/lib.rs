@@ -12,7 +12,9 @@
 //! tracepoints see (and replays a reference's captures); `sink` takes events (the in-memory [`ModelTracer`], the trace-file writer, a user's
 //! own [`TraceSink`]); the thread-local [`Session`] (`session`) owns the pass and layer context
 //! and hands each [`Event`] to its sinks; `golden` (with `enabled`) runs a test's closure in a
-//! session and compares it with a committed golden file; `__private` is what generated code calls.
+//! session and compares it with a committed golden file, `consistency` (with `enabled`) runs
+//! two closures that compute the same tokens in other passes and compares them row by row;
+//! `__private` is what generated code calls.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -40,6 +42,8 @@ mod summary;
 mod tensor;
 
 // The top floor: tests against a committed trace, through a session and a comparison.
+#[cfg(feature = "enabled")]
+pub mod consistency;
 #[cfg(feature = "enabled")]
 pub mod golden;
 

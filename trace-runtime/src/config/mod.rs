@@ -48,6 +48,14 @@ pub struct ModelTracerConfig {
     /// beats the kernel depends on the device; `0` (the default) reduces every tensor on the
     /// device. Tensors that get a digest are always copied (a digest needs every value).
     pub device_copy_below: usize,
+    /// Each layer tensor (a stage, a layer's input and output) summarised row by row as well:
+    /// the norm, sketch and short fingerprint of every row of its last dimension
+    /// ([`RowSummaries`](crate::RowSummaries)), so that two runs that computed the same
+    /// positions in other passes (one prefill against prefill and decode steps, chunks against
+    /// the whole, a batch against each prompt alone) can be compared position by position
+    /// (`model-trace diff`, and the `consistency` module in tests). Needs the values on the host
+    /// (a device tensor is copied); about 100 bytes a row in a trace file. Default `false`.
+    pub row_summaries: bool,
 }
 
 impl Default for ModelTracerConfig {
@@ -64,6 +72,7 @@ impl Default for ModelTracerConfig {
             digests: DigestPolicy::default(),
             memory_limit_bytes: DEFAULT_MEMORY_LIMIT_BYTES,
             device_copy_below: 0,
+            row_summaries: false,
         }
     }
 }

@@ -531,6 +531,7 @@ fn read_tensor(
         head: Vec::new(),
         tail: Vec::new(),
         capture: None,
+        rows: None,
     };
     let top = (!extra.top.is_empty()).then(|| extra.top.iter().map(|(t, l)| (*t, l.0)).unzip());
     Ok((name, tensor, top))

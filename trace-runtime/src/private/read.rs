@@ -4,7 +4,7 @@ use crate::record::RecordErrorKind;
 use crate::session::registry;
 use crate::session::state::{StageRead, TensorPlan};
 use crate::stats::TensorStats;
-use crate::summary::TensorSummary;
+use crate::summary::{RowSummaries, TensorSummary};
 use crate::tensor::{summarize, takes_digest, SummaryRequest, TraceTensor, ValuesReader};
 use crate::tracepoint::callsite::Callsite;
 
@@ -19,7 +19,7 @@ pub(super) fn read_stage(
     plan: TensorPlan,
     tensor: &dyn TraceTensor,
 ) -> Option<StageRead> {
-    if !plan.capture {
+    if !(plan.capture || plan.rows) {
         let request = SummaryRequest {
             digest: takes_digest(plan.digest, tensor),
             copy_below: plan.copy_below,
@@ -58,10 +58,15 @@ pub(super) fn read_tensor(
     mut also: Option<ValuesReader<'_>>,
 ) -> Option<TensorSummary> {
     let mut captured: Option<Vec<f32>> = None;
-    let wants_values = plan.capture || also.is_some();
+    let mut rows = None;
+    let shape = tensor.shape();
+    let wants_values = plan.capture || plan.rows || also.is_some();
     let mut consume = |values: &[f32]| {
         if plan.capture {
             captured = Some(values.to_vec());
+        }
+        if plan.rows {
+            rows = RowSummaries::of_shape(values, &shape);
         }
         if let Some(also) = also.as_mut() {
             also(values);
@@ -82,6 +87,7 @@ pub(super) fn read_tensor(
             return None;
         }
     };
+    summary.rows = rows;
     if let Some(values) = captured {
         registry::with_session(generation, |s| {
             s.attach_capture(cs.tracepoint(), layer, what, &mut summary, values);

@@ -52,6 +52,8 @@ pub(crate) struct TensorPlan {
     pub(crate) capture: bool,
     /// [`ModelTracerConfig::device_copy_below`].
     pub(crate) copy_below: usize,
+    /// [`ModelTracerConfig::row_summaries`], for a layer's tensor.
+    pub(crate) rows: bool,
 }
 
 /// A tensor of a layer as a hook read it: its summary, or a read that the end of the pass
@@ -673,6 +675,7 @@ impl SessionState {
             digest: self.digest,
             capture,
             copy_below: self.config.device_copy_below,
+            rows: self.config.row_summaries && layer.is_some(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! frameworks, an exact fingerprint, a tolerant sketch and a few sample values.
 
 mod fingerprint;
+mod rows;
 mod sketch;
 
 use std::borrow::Cow;
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub use fingerprint::{
     canonical_bits, Fingerprint, FingerprintParseError, CANONICAL_NAN, SHORT_FINGERPRINT_BYTES,
 };
+pub use rows::{Row, RowSummaries};
 pub use sketch::{element_hash, Sketch, SKETCH_DIM, SKETCH_SEED};
 
 use crate::stats::TensorStats;
@@ -53,6 +55,10 @@ pub struct TensorSummary {
     /// Where the full tensor was saved, when a capture filter selected it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<CaptureRef>,
+    /// Each row of its last dimension summarised, when the session records rows
+    /// ([`ModelTracerConfig::row_summaries`](crate::ModelTracerConfig::row_summaries)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<RowSummaries>,
 }
 
 /// A tensor saved in full: a safetensors file beside the trace file, and its name there.
@@ -99,6 +105,7 @@ impl TensorSummary {
             head,
             tail,
             capture: None,
+            rows: None,
         }
     }
 

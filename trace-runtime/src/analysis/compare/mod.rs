@@ -13,6 +13,7 @@
 //! values of each pair, so this module reads no file.
 
 mod bounds;
+pub mod by_position;
 mod elementwise;
 mod names;
 mod tolerance;

@@ -1,0 +1,711 @@
+//! Comparing runs of one model that computed the same tokens in other forward passes, row by row
+//! at each token's position: one prefill pass against a prefill and decode steps, a prompt whole
+//! against in chunks, a batch of prompts against each prompt alone.
+//!
+//! Such runs need no reference: the same code on the same tokens must agree to float rounding,
+//! position by position, and a KV cache, rotary offset, mask or padding bug breaks exactly that.
+//! Their passes do not line up (a pass of 600 rows against 600 passes of one), so tensors are
+//! not paired by pass as [`compare`](super::compare) pairs them; each layer tensor's rows are,
+//! by (sequence, position, layer, stage), from the [`RowSummaries`](crate::RowSummaries) the
+//! session recorded ([`ModelTracerConfig::row_summaries`](crate::ModelTracerConfig::row_summaries)).
+//!
+//! - **Where a row sits.** A pass begins at `position` (`#[trace_model(position = ..)]`); row
+//!   `r` of a `[batch, seq, width]` layer tensor is column `r % seq` of sequence `r / seq`, at
+//!   position `position + r % seq`. Positions without `position = ..` are pass numbers, and
+//!   lining up by them is meaningless: a model compared this way must say where its passes begin.
+//! - **Tokens.** Where both runs recorded their passes' token ids
+//!   (`#[trace_model(tokens = ..)]`), a position holding another token on each side ends the
+//!   comparison of that sequence there (the runs computed other text from then on), and is a
+//!   finding of its own.
+//! - **A batch.** Row `b` of a batch is lined up with the `b`-th run alone: left padding is the
+//!   batch's first pass's width less the prompt's (the alone run's first pass), checked against
+//!   the tokens; padding columns are left out.
+//! - **Error.** Equal fingerprints are the same bits (error 0); otherwise the error is
+//!   `‖b − a‖₂ / ‖a‖₂` estimated from the rows' sketches and norms
+//!   ([`Row::relative_error`]), `a` the expected run's row.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+
+use serde::Serialize;
+
+use crate::record::{Event, PassBegin};
+use crate::summary::Row;
+
+/// The relative error ([`Row::relative_error`]) a row may have before it is past tolerance,
+/// when none is asked for. Rows computed the same way are bit-identical, and rows whose kernels
+/// took another path (a matrix-vector product for a decode step, a matrix product for a
+/// prefill) measured at most TODO apart on SmolLM2-135M and Gemma 3 270M over 600 positions;
+/// a KV cache kept in f16 is TODO.
+pub const DEFAULT_ROW_RTOL: f64 = 1e-4;
+
+/// Where a row sits: its sequence (a batch's row; 0 without a batch) and position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Place {
+    /// The sequence: the row of the batch.
+    pub sequence: usize,
+    /// The token's position in its sequence.
+    pub position: usize,
+}
+
+/// One row of a layer tensor, as [`PositionRows`] keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracedRow {
+    /// The pass that computed it.
+    pub pass: usize,
+    /// Its stage's place in the layer record (`input` first, `output` last): the order the
+    /// stages were computed in.
+    pub stage_index: usize,
+    /// The row.
+    pub row: Row,
+}
+
+/// How one pass laid its rows out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PassLayout {
+    /// The pass.
+    pub pass: usize,
+    /// The position of its first column.
+    pub position: usize,
+    /// Its sequences (batch rows).
+    pub sequences: usize,
+    /// Its columns (tokens per sequence).
+    pub columns: usize,
+}
+
+/// The rows of a trace's layer tensors, by (sequence, position, layer, stage).
+#[derive(Debug, Clone, Default)]
+pub struct PositionRows {
+    rows: BTreeMap<(Place, usize, String), TracedRow>,
+    tokens: BTreeMap<Place, u32>,
+    passes: Vec<PassLayout>,
+    /// Layer tensors recorded without rows, by `layer.{i}.{stage}`.
+    without_rows: BTreeSet<String>,
+    /// Rows found twice at the same place (the first is kept): a trace of several runs.
+    duplicates: usize,
+    /// Tensors whose rows do not fit their shape, by `pass {p} layer.{i}.{stage}`.
+    misshapen: Vec<String>,
+}
+
+impl PositionRows {
+    /// Indexes the rows of `events` (a trace's, in order).
+    pub fn from_events<'a>(events: impl IntoIterator<Item = &'a Event>) -> Self {
+        let mut index = Self::default();
+        let mut begun: BTreeMap<usize, &PassBegin> = BTreeMap::new();
+        let mut laid_out = BTreeSet::new();
+        for event in events {
+            match event {
+                Event::PassBegin(begin) => {
+                    begun.insert(begin.pass, begin);
+                }
+                Event::Layer(layer) => {
+                    let Some(begin) = begun.get(&layer.pass) else {
+                        continue;
+                    };
+                    for (stage_index, stage) in layer.stages.iter().enumerate() {
+                        let name = format!("layer.{}.{}", layer.layer, stage.name);
+                        let Some(rows) = &stage.tensor.rows else {
+                            index.without_rows.insert(name);
+                            continue;
+                        };
+                        let shape = &stage.tensor.shape;
+                        let columns = shape.len().checked_sub(2).map_or(0, |i| shape[i]);
+                        let expected: usize =
+                            shape[..shape.len().saturating_sub(1)].iter().product();
+                        if columns == 0 || rows.len() != expected || !rows.is_consistent() {
+                            index.misshapen.push(format!("pass {} {name}", layer.pass));
+                            continue;
+                        }
+                        let layout = PassLayout {
+                            pass: layer.pass,
+                            position: begin.position,
+                            sequences: rows.len() / columns,
+                            columns,
+                        };
+                        if laid_out.insert(layer.pass) {
+                            index.lay_out(layout, begin.tokens.as_deref());
+                        }
+                        for r in 0..rows.len() {
+                            let place = Place {
+                                sequence: r / columns,
+                                position: begin.position + r % columns,
+                            };
+                            let key = (place, layer.layer, stage.name.to_string());
+                            let Some(row) = rows.row(r) else { continue };
+                            let entry = TracedRow {
+                                pass: layer.pass,
+                                stage_index,
+                                row,
+                            };
+                            match index.rows.entry(key) {
+                                Entry::Vacant(slot) => {
+                                    slot.insert(entry);
+                                }
+                                // The first run's row is kept.
+                                Entry::Occupied(_) => index.duplicates += 1,
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        index
+    }
+
+    fn lay_out(&mut self, layout: PassLayout, tokens: Option<&[u32]>) {
+        self.passes.push(layout);
+        let Some(tokens) = tokens.filter(|t| t.len() == layout.sequences * layout.columns) else {
+            return;
+        };
+        for (i, &token) in tokens.iter().enumerate() {
+            let place = Place {
+                sequence: i / layout.columns,
+                position: layout.position + i % layout.columns,
+            };
+            self.tokens.entry(place).or_insert(token);
+        }
+    }
+
+    /// Rows indexed.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no layer tensor had rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The passes that recorded rows, in order.
+    pub fn passes(&self) -> &[PassLayout] {
+        &self.passes
+    }
+
+    /// The sequences (batch rows) seen.
+    pub fn sequences(&self) -> usize {
+        self.passes.iter().map(|p| p.sequences).max().unwrap_or(0)
+    }
+
+    /// The token at `place`, where the pass recorded its tokens.
+    pub fn token(&self, place: Place) -> Option<u32> {
+        self.tokens.get(&place).copied()
+    }
+
+    /// Layer tensors recorded without rows (`layer.{i}.{stage}`).
+    pub fn without_rows(&self) -> &BTreeSet<String> {
+        &self.without_rows
+    }
+
+    /// Whether the passes' boundaries differ from `other`'s: then only a comparison by
+    /// position can pair their tensors.
+    pub fn passes_differ(&self, other: &Self) -> bool {
+        let boundaries = |rows: &Self| {
+            rows.passes
+                .iter()
+                .map(|p| (p.position, p.sequences, p.columns))
+                .collect::<Vec<_>>()
+        };
+        boundaries(self) != boundaries(other)
+    }
+
+    /// What a reader of a comparison should know about this trace's rows (duplicates, rows
+    /// that do not fit, tensors without rows), each a sentence.
+    fn notes(&self, label: &str) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.duplicates > 0 {
+            notes.push(format!(
+                "{label}: {} rows were recorded twice at the same position (the trace holds \
+                 more than one run; the first was compared)",
+                self.duplicates
+            ));
+        }
+        if !self.misshapen.is_empty() {
+            notes.push(format!(
+                "{label}: {} tensors' rows do not fit their shapes and were left out (first: {})",
+                self.misshapen.len(),
+                self.misshapen[0]
+            ));
+        }
+        if !self.without_rows.is_empty() && !self.rows.is_empty() {
+            let names: Vec<&str> = self
+                .without_rows
+                .iter()
+                .take(3)
+                .map(String::as_str)
+                .collect();
+            notes.push(format!(
+                "{label}: {} layer tensors have no rows and were not compared ({}{})",
+                self.without_rows.len(),
+                names.join(", "),
+                if self.without_rows.len() > 3 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ));
+        }
+        notes
+    }
+}
+
+/// How two runs' sequences are paired: the expected run's `sequence` with the actual run's
+/// `actual_sequence`, its position `p` with the actual's `p + shift`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Pairing {
+    /// The expected run (its index among the expected runs: a batch's alone runs).
+    pub run: usize,
+    /// Its sequence.
+    pub sequence: usize,
+    /// The actual run's sequence.
+    pub actual_sequence: usize,
+    /// Added to an expected position to give the actual one (a row's left padding).
+    pub shift: usize,
+}
+
+/// Why runs cannot be lined up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PositionError {
+    /// A run has no layer tensor with rows.
+    NoRows {
+        /// Which run.
+        run: String,
+    },
+    /// A batch of `sequences` rows against another number of alone runs.
+    BatchSize {
+        /// Rows of the batch.
+        sequences: usize,
+        /// Runs alone.
+        alone: usize,
+    },
+    /// A batch row whose first pass does not end with its alone run's prompt.
+    PromptNotFound {
+        /// The batch row.
+        sequence: usize,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl fmt::Display for PositionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoRows { run } => write!(
+                f,
+                "{run} has no row summaries: record it with rows (ModelTracerConfig::row_summaries; \
+                 the examples' --rows)"
+            ),
+            Self::BatchSize { sequences, alone } => write!(
+                f,
+                "the batch has {sequences} rows but {alone} runs alone were given: one a row, in \
+                 the batch's order"
+            ),
+            Self::PromptNotFound { sequence, reason } => {
+                write!(f, "batch row {sequence}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PositionError {}
+
+/// The sequences of `expected` paired with the same sequences of `actual`, positions as they
+/// are: one run against another that split the same tokens into other passes.
+pub fn pair_sequences(
+    expected: &PositionRows,
+    actual: &PositionRows,
+) -> Result<Vec<Pairing>, PositionError> {
+    no_rows(expected, "the expected run")?;
+    no_rows(actual, "the actual run")?;
+    Ok((0..expected.sequences())
+        .map(|sequence| Pairing {
+            run: 0,
+            sequence,
+            actual_sequence: sequence,
+            shift: 0,
+        })
+        .collect())
+}
+
+/// Row `b` of `batch` paired with `alone[b]`, shifted by its left padding: the batch's first
+/// pass's width less `alone[b]`'s first pass's (its prompt), checked against the tokens where
+/// both recorded them.
+pub fn pair_batch(
+    alone: &[PositionRows],
+    batch: &PositionRows,
+) -> Result<Vec<Pairing>, PositionError> {
+    no_rows(batch, "the batch")?;
+    if batch.sequences() != alone.len() {
+        return Err(PositionError::BatchSize {
+            sequences: batch.sequences(),
+            alone: alone.len(),
+        });
+    }
+    let Some(first) = batch.passes.first() else {
+        return Err(PositionError::NoRows {
+            run: "the batch".into(),
+        });
+    };
+    let mut pairings = Vec::with_capacity(alone.len());
+    for (sequence, run) in alone.iter().enumerate() {
+        no_rows(run, &format!("run alone {sequence}"))?;
+        let prompt = run.passes.first().map_or(0, |p| p.columns);
+        let not_found = |reason: String| PositionError::PromptNotFound { sequence, reason };
+        let shift = first.columns.checked_sub(prompt).ok_or_else(|| {
+            not_found(format!(
+                "its prompt alone is {prompt} tokens, longer than the batch's first pass \
+                 ({} columns)",
+                first.columns
+            ))
+        })?;
+        for position in 0..prompt {
+            let alone_token = run.token(Place {
+                sequence: 0,
+                position,
+            });
+            let batch_token = batch.token(Place {
+                sequence,
+                position: first.position + shift + position,
+            });
+            if let (Some(a), Some(b)) = (alone_token, batch_token) {
+                if a != b {
+                    return Err(not_found(format!(
+                        "its prompt alone does not end the batch row (left padding of {shift}): \
+                         position {position} holds token {a} alone, {b} in the batch"
+                    )));
+                }
+            }
+        }
+        pairings.push(Pairing {
+            run: sequence,
+            sequence: 0,
+            actual_sequence: sequence,
+            shift,
+        });
+    }
+    Ok(pairings)
+}
+
+fn no_rows(rows: &PositionRows, run: &str) -> Result<(), PositionError> {
+    if rows.is_empty() {
+        return Err(PositionError::NoRows { run: run.into() });
+    }
+    Ok(())
+}
+
+/// A pair of rows, at the expected run's place.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RowDifference {
+    /// The expected run (0, or the batch row's alone run).
+    pub run: usize,
+    /// The expected row's place.
+    pub place: Place,
+    /// The actual row's place.
+    pub actual_place: Place,
+    /// The layer.
+    pub layer: usize,
+    /// The stage (`input`, `output`, `attn_out`, ...).
+    pub stage: String,
+    /// Its place in the layer record: the order of computation.
+    #[serde(skip)]
+    pub stage_index: usize,
+    /// `‖b − a‖₂ / ‖a‖₂`, estimated ([`Row::relative_error`]); 0 for the same bits.
+    pub error: f64,
+    /// The pass of each side that computed it.
+    pub passes: (usize, usize),
+}
+
+impl RowDifference {
+    fn order(&self) -> (usize, usize, usize, usize) {
+        (
+            self.place.position,
+            self.layer,
+            self.stage_index,
+            self.actual_place.sequence,
+        )
+    }
+}
+
+/// Two runs compared by position ([`compare_rows`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct PositionComparison {
+    /// The tolerance on [`RowDifference::error`].
+    pub rtol: f64,
+    /// How the sequences were paired.
+    pub pairings: Vec<Pairing>,
+    /// Row pairs compared.
+    pub compared: usize,
+    /// Of them, bit-identical.
+    pub bit_identical: usize,
+    /// Expected rows whose place the actual run did not record (before any token mismatch).
+    pub unpaired: usize,
+    /// The first pair past tolerance: earliest position, then layer, then stage.
+    pub first: Option<RowDifference>,
+    /// Pairs past tolerance.
+    pub past_tolerance: usize,
+    /// Each layer's largest error, with where.
+    pub worst_by_layer: BTreeMap<usize, RowDifference>,
+    /// Per pairing, the first position whose tokens differ, with both tokens.
+    pub token_mismatches: Vec<(Pairing, usize, u32, u32)>,
+    /// Whether token ids were compared (both runs recorded them).
+    pub tokens_checked: bool,
+    /// What a reader should know (rows left out, duplicates).
+    pub notes: Vec<String>,
+}
+
+/// Compares every row of `expected` runs with its partner in `actual`, as `pairings` pair them.
+pub fn compare_rows(
+    expected: &[&PositionRows],
+    actual: &PositionRows,
+    pairings: Vec<Pairing>,
+    rtol: f64,
+) -> PositionComparison {
+    let mut comparison = PositionComparison {
+        rtol,
+        pairings: Vec::new(),
+        compared: 0,
+        bit_identical: 0,
+        unpaired: 0,
+        first: None,
+        past_tolerance: 0,
+        worst_by_layer: BTreeMap::new(),
+        token_mismatches: Vec::new(),
+        tokens_checked: false,
+        notes: Vec::new(),
+    };
+    for pairing in &pairings {
+        let Some(run) = expected.get(pairing.run) else {
+            continue;
+        };
+        comparison.compare_pairing(run, actual, *pairing);
+    }
+    for (i, run) in expected.iter().enumerate() {
+        let label = if expected.len() > 1 {
+            format!("run alone {i}")
+        } else {
+            "the expected run".to_owned()
+        };
+        comparison.notes.extend(run.notes(&label));
+    }
+    comparison.notes.extend(actual.notes("the actual run"));
+    if !comparison.tokens_checked {
+        comparison.notes.push(
+            "token ids were not recorded on both sides (#[trace_model(tokens = ..)]): rows were \
+             lined up by position alone"
+                .into(),
+        );
+    }
+    comparison.pairings = pairings;
+    comparison
+}
+
+impl PositionComparison {
+    fn compare_pairing(&mut self, run: &PositionRows, actual: &PositionRows, pairing: Pairing) {
+        let cutoff = self.token_cutoff(run, actual, pairing);
+        let from = (
+            Place {
+                sequence: pairing.sequence,
+                position: 0,
+            },
+            0,
+            String::new(),
+        );
+        for ((place, layer, stage), expected_row) in run.rows.range(from..) {
+            if place.sequence != pairing.sequence {
+                break;
+            }
+            if cutoff.is_some_and(|cutoff| place.position >= cutoff) {
+                continue;
+            }
+            let actual_place = Place {
+                sequence: pairing.actual_sequence,
+                position: place.position + pairing.shift,
+            };
+            let Some(actual_row) = actual.rows.get(&(actual_place, *layer, stage.clone())) else {
+                self.unpaired += 1;
+                continue;
+            };
+            let difference = RowDifference {
+                run: pairing.run,
+                place: *place,
+                actual_place,
+                layer: *layer,
+                stage: stage.clone(),
+                stage_index: expected_row.stage_index,
+                error: expected_row.row.relative_error(&actual_row.row),
+                passes: (expected_row.pass, actual_row.pass),
+            };
+            self.count(difference);
+        }
+    }
+
+    /// The first position whose tokens differ between the paired sequences, noted.
+    fn token_cutoff(
+        &mut self,
+        run: &PositionRows,
+        actual: &PositionRows,
+        pairing: Pairing,
+    ) -> Option<usize> {
+        let mut checked = false;
+        for (place, &token) in run.tokens.range(
+            Place {
+                sequence: pairing.sequence,
+                position: 0,
+            }..,
+        ) {
+            if place.sequence != pairing.sequence {
+                break;
+            }
+            let actual_place = Place {
+                sequence: pairing.actual_sequence,
+                position: place.position + pairing.shift,
+            };
+            let Some(other) = actual.token(actual_place) else {
+                continue;
+            };
+            checked = true;
+            if other != token {
+                self.tokens_checked = true;
+                self.token_mismatches
+                    .push((pairing, place.position, token, other));
+                return Some(place.position);
+            }
+        }
+        self.tokens_checked |= checked;
+        None
+    }
+
+    fn count(&mut self, difference: RowDifference) {
+        self.compared += 1;
+        if difference.error == 0.0 {
+            self.bit_identical += 1;
+        }
+        let worst = self
+            .worst_by_layer
+            .entry(difference.layer)
+            .or_insert_with(|| difference.clone());
+        if difference.error > worst.error {
+            *worst = difference.clone();
+        }
+        if difference.error > self.rtol || difference.error.is_nan() {
+            self.past_tolerance += 1;
+            if self
+                .first
+                .as_ref()
+                .is_none_or(|first| difference.order() < first.order())
+            {
+                self.first = Some(difference);
+            }
+        }
+    }
+
+    /// Whether a row is past tolerance, or the runs' tokens differ.
+    pub fn diverged(&self) -> bool {
+        self.first.is_some() || !self.token_mismatches.is_empty()
+    }
+
+    /// The largest error of any pair: the floor the runs showed.
+    pub fn max_error(&self) -> f64 {
+        self.worst_by_layer
+            .values()
+            .map(|d| d.error)
+            .fold(0.0, f64::max)
+    }
+
+    /// The comparison in a few lines: the verdict, the first pair past tolerance, the layers'
+    /// worst errors, and the notes.
+    pub fn describe(&self, expected: &str, actual: &str) -> String {
+        let mut text = String::new();
+        let batch = self.pairings.iter().any(|p| p.run > 0);
+        let _ = writeln!(
+            text,
+            "by position: {} row pairs compared ({} bit-identical), {} of {actual} against {expected}, \
+             tolerance {:e} (relative L2, from row sketches)",
+            self.compared,
+            self.bit_identical,
+            if batch { "each batch row" } else { "each row" },
+            self.rtol
+        );
+        match &self.first {
+            Some(first) => {
+                let _ = writeln!(
+                    text,
+                    "first past tolerance: {} layer {} stage {}: error {:.3e} ({:.1}x the \
+                     tolerance; pass {} of {expected}, pass {} of {actual}); {} pairs past it",
+                    describe_place(first, batch),
+                    first.layer,
+                    first.stage,
+                    first.error,
+                    first.error / self.rtol,
+                    first.passes.0,
+                    first.passes.1,
+                    self.past_tolerance
+                );
+            }
+            None if self.compared > 0 => {
+                let _ = writeln!(
+                    text,
+                    "no row past tolerance (largest error {:.3e})",
+                    self.max_error()
+                );
+            }
+            None => {
+                let _ = writeln!(text, "no row pairs: the runs share no position");
+            }
+        }
+        for (pairing, position, token, other) in &self.token_mismatches {
+            let row = if batch {
+                format!("batch row {} ", pairing.actual_sequence)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                text,
+                "{row}tokens differ from position {position} ({token} in {expected}, {other} in \
+                 {actual}): later positions were not compared"
+            );
+        }
+        if self.unpaired > 0 {
+            let _ = writeln!(
+                text,
+                "{} rows of {expected} have no row at the same place in {actual}",
+                self.unpaired
+            );
+        }
+        let _ = writeln!(text, "worst error per layer (x tolerance):");
+        for (layer, worst) in &self.worst_by_layer {
+            let _ = writeln!(
+                text,
+                "  layer {layer:>3}: {:.3e} ({:.2}x) at {} {}",
+                worst.error,
+                worst.error / self.rtol,
+                describe_place(worst, batch),
+                worst.stage
+            );
+        }
+        for note in &self.notes {
+            let _ = writeln!(text, "note: {note}");
+        }
+        text
+    }
+}
+
+fn describe_place(difference: &RowDifference, batch: bool) -> String {
+    if batch {
+        format!(
+            "batch row {} position {} (column {})",
+            difference.actual_place.sequence,
+            difference.place.position,
+            difference.actual_place.position
+        )
+    } else if difference.place.sequence > 0 {
+        format!(
+            "sequence {} position {}",
+            difference.place.sequence, difference.place.position
+        )
+    } else {
+        format!("position {}", difference.place.position)
+    }
+}

@@ -1,0 +1,299 @@
+//! The model against itself in tests: the same tokens computed two ways must agree to rounding.
+//!
+//! Three relations hold for any correct transformer, and need no reference model: N tokens in
+//! one prefill pass and the same tokens as a prefill of K plus N − K decode steps; a prompt
+//! whole and in chunks; a batch of prompts (left-padded, masked) and each prompt alone. A bug of
+//! the KV cache, of the rotary offset of a decode step, of a mask or of padding breaks one of
+//! them, at the first position it touches. [`Consistency::check`] runs two closures, each in a
+//! session of its own that records every layer tensor row by row
+//! ([`RowSummaries`](crate::RowSummaries)), lines their rows up by position
+//! ([`compare::by_position`](crate::compare::by_position)) and panics naming the first
+//! (position, layer, stage) past tolerance, with the error, the tolerance and each side's pass:
+//!
+//! ```no_run
+//! # use trace_runtime as model_trace;
+//! # struct Model;
+//! # impl Model { fn clear(&mut self) {} fn forward(&mut self, _: &[u32], _: usize) {} }
+//! # let mut model = Model;
+//! # let tokens = vec![1_u32; 600];
+//! use model_trace::consistency::Consistency;
+//!
+//! let model = std::cell::RefCell::new(model);
+//! let agreement = Consistency::new("prefill of 590 + 10 decode steps = one pass of 600").check(
+//!     || {
+//!         model.borrow_mut().clear();
+//!         model.borrow_mut().forward(&tokens, 0);
+//!     },
+//!     || {
+//!         let mut model = model.borrow_mut();
+//!         model.clear();
+//!         model.forward(&tokens[..590], 0);
+//!         for (i, token) in tokens[590..].iter().enumerate() {
+//!             model.forward(&[*token], 590 + i);
+//!         }
+//!     },
+//! );
+//! println!("floor: {:.2e}", agreement.comparison.max_error());
+//! ```
+//!
+//! [`Consistency::check_batch`] takes the runs alone and the batch. The model must say where
+//! each pass begins (`#[trace_model(position = ..)]`) and should say its tokens (`tokens = ..`:
+//! then the runs' tokens are checked too, and a batch row's left padding is found from them).
+//! Sessions ignore `MODEL_TRACE` and the other environment variables, like a golden check's.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::analysis::compare::by_position::{
+    compare_rows, pair_batch, pair_sequences, PositionComparison, PositionError, PositionRows,
+    DEFAULT_ROW_RTOL,
+};
+use crate::config::{DigestPolicy, ModelTracerConfig};
+use crate::record::Event;
+use crate::session::{RecordError, Session, SessionError};
+use crate::sink::{SinkError, TraceSink};
+
+/// A relation between two ways of running a model, checked row by row ([module docs](self)).
+#[derive(Debug, Clone)]
+pub struct Consistency {
+    relation: String,
+    rtol: f64,
+    filter: Option<String>,
+}
+
+/// What a check returns: what each closure returned, and the comparison (its
+/// [`max_error`](PositionComparison::max_error) is the floor the runs showed).
+#[derive(Debug)]
+pub struct Agreement<E, A> {
+    /// What the expected closure returned (the runs alone, for a batch).
+    pub expected: E,
+    /// What the actual closure returned.
+    pub actual: A,
+    /// The rows compared.
+    pub comparison: PositionComparison,
+}
+
+impl Consistency {
+    /// A relation, named for the messages (`"prefill + decode = one pass"`), with the default
+    /// tolerance [`DEFAULT_ROW_RTOL`].
+    pub fn new(relation: impl Into<String>) -> Self {
+        Self {
+            relation: relation.into(),
+            rtol: DEFAULT_ROW_RTOL,
+            filter: None,
+        }
+    }
+
+    /// The largest relative error a row may have ([`Row::relative_error`](crate::Row::relative_error)).
+    #[must_use]
+    pub fn rtol(mut self, rtol: f64) -> Self {
+        self.rtol = rtol;
+        self
+    }
+
+    /// Records only the tracepoints `filter` admits ([`TraceFilter`](crate::TraceFilter) syntax).
+    #[must_use]
+    pub fn filter(mut self, filter: impl Into<String>) -> Self {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Runs `expected`, then `actual`, and compares their rows by position; panics naming the
+    /// first (position, layer, stage) past tolerance, or tokens that differ.
+    #[track_caller]
+    pub fn check<E, A>(
+        &self,
+        expected: impl FnOnce() -> E,
+        actual: impl FnOnce() -> A,
+    ) -> Agreement<E, A> {
+        let (expected, actual, outcome) = self.compare(expected, actual);
+        self.conclude(
+            expected,
+            actual,
+            outcome,
+            ("the expected run", "the actual run"),
+        )
+    }
+
+    /// [`check`](Self::check) without the panic: what the closures returned, and the
+    /// comparison or why there is none.
+    pub fn compare<E, A>(
+        &self,
+        expected: impl FnOnce() -> E,
+        actual: impl FnOnce() -> A,
+    ) -> (E, A, Result<PositionComparison, ConsistencyError>) {
+        let (expected_value, expected_rows) = self.record(expected);
+        let (actual_value, actual_rows) = self.record(actual);
+        let outcome = (|| {
+            let (expected_rows, actual_rows) = (expected_rows?, actual_rows?);
+            let pairings = pair_sequences(&expected_rows, &actual_rows)?;
+            Ok(compare_rows(
+                &[&expected_rows],
+                &actual_rows,
+                pairings,
+                self.rtol,
+            ))
+        })();
+        (expected_value, actual_value, outcome)
+    }
+
+    /// Runs each of `alone` (one prompt each, in the batch's row order), then `batch`, and
+    /// compares each batch row with its run alone, padding left out; panics naming the batch
+    /// row, position, layer and stage of the first row past tolerance.
+    #[track_caller]
+    pub fn check_batch<E, A, F: FnOnce() -> E>(
+        &self,
+        alone: impl IntoIterator<Item = F>,
+        batch: impl FnOnce() -> A,
+    ) -> Agreement<Vec<E>, A> {
+        let (expected, actual, outcome) = self.compare_batch(alone, batch);
+        self.conclude(expected, actual, outcome, ("the runs alone", "the batch"))
+    }
+
+    /// [`check_batch`](Self::check_batch) without the panic.
+    pub fn compare_batch<E, A, F: FnOnce() -> E>(
+        &self,
+        alone: impl IntoIterator<Item = F>,
+        batch: impl FnOnce() -> A,
+    ) -> (Vec<E>, A, Result<PositionComparison, ConsistencyError>) {
+        let mut values = Vec::new();
+        let mut runs = Vec::new();
+        for run in alone {
+            let (value, rows) = self.record(run);
+            values.push(value);
+            runs.push(rows);
+        }
+        let (batch_value, batch_rows) = self.record(batch);
+        let outcome = (|| {
+            let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
+            let batch_rows = batch_rows?;
+            let pairings = pair_batch(&runs, &batch_rows)?;
+            let expected: Vec<&PositionRows> = runs.iter().collect();
+            Ok(compare_rows(&expected, &batch_rows, pairings, self.rtol))
+        })();
+        (values, batch_value, outcome)
+    }
+
+    #[track_caller]
+    fn conclude<E, A>(
+        &self,
+        expected: E,
+        actual: A,
+        outcome: Result<PositionComparison, ConsistencyError>,
+        labels: (&str, &str),
+    ) -> Agreement<E, A> {
+        let comparison = match outcome {
+            Ok(comparison) => comparison,
+            Err(error) => panic!("consistency check {:?}: {error}", self.relation),
+        };
+        if comparison.diverged() {
+            panic!(
+                "consistency check failed: {}\n{}",
+                self.relation,
+                comparison.describe(labels.0, labels.1)
+            );
+        }
+        if comparison.compared == 0 {
+            panic!(
+                "consistency check {:?}: no rows at the same positions were compared\n{}",
+                self.relation,
+                comparison.describe(labels.0, labels.1)
+            );
+        }
+        Agreement {
+            expected,
+            actual,
+            comparison,
+        }
+    }
+
+    /// Runs `run` in a session that records every layer tensor's rows.
+    fn record<R>(&self, run: impl FnOnce() -> R) -> (R, Result<PositionRows, ConsistencyError>) {
+        let recorder = Recorder::default();
+        let config = ModelTracerConfig {
+            trace_activations: true,
+            row_summaries: true,
+            digests: DigestPolicy::Off,
+            ..ModelTracerConfig::default()
+        };
+        let mut builder = Session::builder(config)
+            .in_memory(false)
+            .sink(recorder.clone());
+        if let Some(filter) = &self.filter {
+            builder = builder.filter(filter.clone());
+        }
+        let session = match builder.start() {
+            Ok(session) => session,
+            Err(error) => return (run(), Err(ConsistencyError::Session(error))),
+        };
+        let value = run();
+        let (_, errors) = session.finish_with_errors();
+        if !errors.is_empty() {
+            return (value, Err(ConsistencyError::Recording(errors)));
+        }
+        let events = recorder.take();
+        (value, Ok(PositionRows::from_events(&events)))
+    }
+}
+
+/// Why a consistency check could not compare.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConsistencyError {
+    /// The session could not start (a filter that does not parse).
+    Session(SessionError),
+    /// Values the session could not record.
+    Recording(Vec<RecordError>),
+    /// The runs cannot be lined up (no rows, a batch of another size, a prompt not found).
+    Positions(PositionError),
+}
+
+impl fmt::Display for ConsistencyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Session(error) => write!(f, "the session could not start: {error}"),
+            Self::Recording(errors) => {
+                write!(f, "{} values could not be recorded", errors.len())?;
+                for error in errors.iter().take(3) {
+                    write!(f, "; {error}")?;
+                }
+                Ok(())
+            }
+            Self::Positions(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ConsistencyError {}
+
+impl From<PositionError> for ConsistencyError {
+    fn from(error: PositionError) -> Self {
+        Self::Positions(error)
+    }
+}
+
+/// Keeps the events that place rows: pass begins and layers.
+#[derive(Debug, Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Event>>>);
+
+impl Recorder {
+    fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl TraceSink for Recorder {
+    fn name(&self) -> std::borrow::Cow<'_, str> {
+        "consistency check".into()
+    }
+
+    fn event(&mut self, event: &Event) -> Result<(), SinkError> {
+        if matches!(event, Event::PassBegin(_) | Event::Layer(_)) {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(event.clone());
+        }
+        Ok(())
+    }
+}
