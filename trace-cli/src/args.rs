@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, ArgGroup, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
+use trace_runtime::compare::by_position::DEFAULT_ROW_RTOL;
 use trace_runtime::compare::{
     CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
 };
@@ -108,10 +109,28 @@ pub(crate) struct DiffArgs {
     /// file, or the ranks of a run (a directory of its files, or the path it was asked to
     /// write: `trace.ndjson` for `trace.rank0.ndjson`, ...), merged pass by pass.
     pub(crate) reference: PathBuf,
-    /// The trace compared with it (a file or a run, likewise).
-    pub(crate) other: PathBuf,
+    /// The trace compared with it (a file or a run, likewise). With --batch, REFERENCE and
+    /// OTHER are the batch's prompts each run alone, one a row, in the batch's row order.
+    #[arg(required_unless_present = "batch")]
+    pub(crate) other: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) compare: CompareArgs,
+    /// Pair the traces' layer tensors row by row at each token's position (sequence, position,
+    /// layer, stage) instead of pass by pass: for two runs of one model that computed the same
+    /// tokens in other passes (one prefill against a prefill and decode steps, chunks against
+    /// the whole). Needs traces recorded with row summaries (the examples' --rows); chosen by
+    /// itself when both traces have them and their passes differ.
+    #[arg(long, conflicts_with_all = ["isolated", "floor"])]
+    pub(crate) by_position: bool,
+    /// A batch's trace (left-padded prompts decoded together), compared row by row with each
+    /// prompt's run alone (REFERENCE, OTHER...), by position, padding left out. Needs row
+    /// summaries, as --by-position.
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["isolated", "floor"])]
+    pub(crate) batch: Option<PathBuf>,
+    /// The largest relative L2 error of a row (estimated from the rows' sketches) in a
+    /// comparison by position or of a batch.
+    #[arg(long, value_name = "RTOL", default_value_t = DEFAULT_ROW_RTOL)]
+    pub(crate) row_rtol: f64,
     /// The pass whose per-layer table is shown (default: the first divergence's, else the
     /// one with the largest error).
     #[arg(long)]

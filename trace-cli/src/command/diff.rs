@@ -1,28 +1,46 @@
 //! `model-trace diff REFERENCE OTHER [--isolated ISOLATED]`: where OTHER starts to differ from
-//! REFERENCE, and with an isolated run of OTHER, which layers are wrong on their own.
+//! REFERENCE, and with an isolated run of OTHER, which layers are wrong on their own; by
+//! position (`--by-position`, or by itself for traces with rows whose passes differ) and for a
+//! batch against its prompts alone (`diff ALONE... --batch BATCH`), row by row.
 
 use serde::Serialize;
 
 use crate::args::DiffArgs;
 use crate::command::Outcome;
+use std::path::Path;
+
 use crate::comparison::isolated::{fed_from_elsewhere, LocalErrors};
+use crate::comparison::positions::{PositionReport, TraceRows};
 use crate::comparison::{DiffReport, Floor, TraceComparison};
 use crate::input::InputError;
 use crate::style::Colors;
 
 pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputError> {
+    if let Some(batch) = &args.batch {
+        let alone = std::iter::once(&args.reference)
+            .chain(&args.other)
+            .map(|path| TraceRows::read(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        let report = PositionReport::batch(&alone, &TraceRows::read(batch)?, args.row_rtol)?;
+        return emit_positions(&report, args.json);
+    }
+    let [other] = args.other.as_slice() else {
+        return Err(format!(
+            "diff compares two traces, REFERENCE and OTHER, not {}: several traces are a \
+             batch's prompts run alone, with --batch BATCH",
+            1 + args.other.len()
+        ));
+    };
+    if let Some(report) = by_position(args, other)? {
+        return emit_positions(&report, args.json);
+    }
     let options = args.compare.options()?;
     let floor = args.floor.floor.as_deref().map(|path| Floor {
         path,
         factor: args.floor.floor_factor,
     });
-    let comparison = TraceComparison::read(
-        &args.reference,
-        &args.other,
-        floor,
-        options.clone(),
-        args.pass,
-    )?;
+    let comparison =
+        TraceComparison::read(&args.reference, other, floor, options.clone(), args.pass)?;
     comparison.warn_stage_check();
     let Some(isolated_path) = &args.isolated else {
         let report = comparison.report();
@@ -61,6 +79,34 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
         crate::output::emit(&text)?;
     }
     Ok(if local.diverged() {
+        Outcome::Diverged
+    } else {
+        Outcome::Ok
+    })
+}
+
+/// The comparison by position, when asked for (`--by-position`) or when both traces have rows
+/// and their passes differ (then a comparison pass by pass would pair nothing).
+fn by_position(args: &DiffArgs, other: &Path) -> Result<Option<PositionReport>, InputError> {
+    let asked = args.by_position;
+    let with_rows = asked || (TraceRows::recorded(&args.reference)? && TraceRows::recorded(other)?);
+    if !with_rows {
+        return Ok(None);
+    }
+    let (expected, actual) = (TraceRows::read(&args.reference)?, TraceRows::read(other)?);
+    if !asked && !expected.rows.passes_differ(&actual.rows) {
+        return Ok(None);
+    }
+    PositionReport::pair(&expected, &actual, args.row_rtol).map(Some)
+}
+
+fn emit_positions(report: &PositionReport, json: bool) -> Result<Outcome, InputError> {
+    if json {
+        crate::output::emit_json(report)?;
+    } else {
+        crate::output::emit(&report.text())?;
+    }
+    Ok(if report.comparison.diverged() {
         Outcome::Diverged
     } else {
         Outcome::Ok

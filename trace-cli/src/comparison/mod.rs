@@ -8,13 +8,15 @@
 //! and warnings of each kind), with the tolerance a floor's trace sets each tensor (`floor`)
 //! and the tokens each run chose (`tokens`); `diff_report` is what the comparison reports (the
 //! JSON) and `text` how it reads; `isolated` sets an isolated run's errors beside the plain
-//! run's, layer by layer (`diff --isolated`). Memory does not grow with the tensors of a pass
+//! run's, layer by layer (`diff --isolated`); `positions` compares runs of one model row by row
+//! at each token's position, when their passes differ (`diff --by-position`, `diff --batch`). Memory does not grow with the tensors of a pass
 //! times the passes.
 
 mod diff_report;
 mod findings;
 mod floor;
 pub(crate) mod isolated;
+pub(crate) mod positions;
 mod stream;
 mod text;
 pub(crate) mod tokens;

@@ -167,8 +167,8 @@ impl Consistency {
         let outcome = (|| {
             let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
             let batch_rows = batch_rows?;
-            let pairings = pair_batch(&runs, &batch_rows)?;
             let expected: Vec<&PositionRows> = runs.iter().collect();
+            let pairings = pair_batch(&expected, &batch_rows)?;
             Ok(compare_rows(&expected, &batch_rows, pairings, self.rtol))
         })();
         (values, batch_value, outcome)

@@ -333,7 +333,7 @@ pub fn pair_sequences(
 /// pass's width less `alone[b]`'s first pass's (its prompt), checked against the tokens where
 /// both recorded them.
 pub fn pair_batch(
-    alone: &[PositionRows],
+    alone: &[&PositionRows],
     batch: &PositionRows,
 ) -> Result<Vec<Pairing>, PositionError> {
     no_rows(batch, "the batch")?;
@@ -435,6 +435,8 @@ pub struct PositionComparison {
     pub rtol: f64,
     /// How the sequences were paired.
     pub pairings: Vec<Pairing>,
+    /// Passes that recorded rows: of the expected runs together, and of the actual run.
+    pub passes: (usize, usize),
     /// Row pairs compared.
     pub compared: usize,
     /// Of them, bit-identical.
@@ -465,6 +467,10 @@ pub fn compare_rows(
     let mut comparison = PositionComparison {
         rtol,
         pairings: Vec::new(),
+        passes: (
+            expected.iter().map(|run| run.passes.len()).sum(),
+            actual.passes.len(),
+        ),
         compared: 0,
         bit_identical: 0,
         unpaired: 0,
@@ -621,11 +627,18 @@ impl PositionComparison {
         let batch = self.pairings.iter().any(|p| p.run > 0);
         let _ = writeln!(
             text,
-            "by position: {} row pairs compared ({} bit-identical), {} of {actual} against {expected}, \
-             tolerance {:e} (relative L2, from row sketches)",
+            "by position: {} passes of {actual} against {} of {expected}{}: {} row pairs \
+             compared, {} bit-identical; tolerance {:e} (relative L2 error, estimated from the \
+             rows' sketches)",
+            self.passes.1,
+            self.passes.0,
+            if batch {
+                ", each batch row against its run alone, padding left out"
+            } else {
+                ""
+            },
             self.compared,
             self.bit_identical,
-            if batch { "each batch row" } else { "each row" },
             self.rtol
         );
         match &self.first {
