@@ -183,6 +183,46 @@
 //! # }
 //! ```
 //!
+//! # The model against itself
+//!
+//! With `enabled`, `consistency::Consistency` checks, in `cargo test` and with no reference
+//! model, what any correct transformer obeys: the same tokens computed two ways agree to
+//! rounding, position by position. One prefill pass against a prefill and decode steps, a
+//! prompt whole against in chunks, a batch of left-padded prompts against each prompt alone:
+//! each closure runs in a session that records every layer tensor row by row
+//! (`ModelTracerConfig::row_summaries`), and the check panics naming the first position, layer
+//! and stage past tolerance (with the pass of each side), which is where a KV-cache, rotary
+//! offset, mask or padding bug first shows. `model-trace diff` does the same with two trace
+//! files written with rows (by position by itself when their passes differ; `--batch` for a
+//! batch):
+//!
+//! ```no_run
+//! # #[cfg(feature = "enabled")] {
+//! # struct Model;
+//! # impl Model { fn clear_cache(&mut self) {} fn forward(&mut self, _: &[u32], _: usize) {} }
+//! # let model = std::cell::RefCell::new(Model);
+//! # let tokens = vec![0_u32; 600];
+//! use model_trace::consistency::Consistency;
+//!
+//! let agreement = Consistency::new("prefill 590 + 10 decode steps = one pass").check(
+//!     || {
+//!         let mut model = model.borrow_mut();
+//!         model.clear_cache();
+//!         model.forward(&tokens, 0);
+//!     },
+//!     || {
+//!         let mut model = model.borrow_mut();
+//!         model.clear_cache();
+//!         model.forward(&tokens[..590], 0);
+//!         for (i, &token) in tokens[590..].iter().enumerate() {
+//!             model.forward(&[token], 590 + i);
+//!         }
+//!     },
+//! );
+//! assert!(agreement.comparison.max_error() < 1e-5);
+//! # }
+//! ```
+//!
 //! # What goes wrong is said
 //!
 //! Tracing never panics and never changes what the model computes, so what it cannot do is
