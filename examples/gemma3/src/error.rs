@@ -1,5 +1,6 @@
 //! One error type for everything a user can hit (missing weights, a GGUF that is not Gemma 3,
-//! tokenizer failures), so that `main` prints one message and exits non-zero.
+//! tokenizer failures, a split or a batch that cannot run), so that `main` prints one message
+//! and exits non-zero.
 
 use std::fmt;
 
@@ -11,6 +12,9 @@ pub enum Error {
     Gguf(String),
     /// The tokenizer could not be built or could not encode/decode.
     Tokenizer(String),
+    /// Token ids that cannot be run as asked: a split that does not fit the prompt, a batch with
+    /// an empty prompt.
+    Passes(String),
     Candle(candle_core::Error),
     /// The tracing session could not start (a trace file that cannot be created, a bad filter).
     Trace(model_trace::SessionError),
@@ -24,6 +28,7 @@ impl fmt::Display for Error {
             Error::Weights(msg) => write!(f, "{msg}"),
             Error::Gguf(msg) => write!(f, "gguf: {msg}"),
             Error::Tokenizer(msg) => write!(f, "tokenizer: {msg}"),
+            Error::Passes(msg) => write!(f, "{msg}"),
             Error::Candle(err) => write!(f, "candle: {err}"),
             Error::Trace(err) => write!(f, "trace: {err}"),
         }

@@ -1,8 +1,10 @@
-//! Loading and greedy decoding, shared by the CLI and the tests.
+//! Loading and greedy decoding, shared by the CLI and the tests. [`crate::passes`] runs the same
+//! ids in other passes and as a batch.
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{argmax, Model};
+use crate::passes::{run_split, Split};
 use crate::tokenizer::GgufTokenizer;
 use std::path::Path;
 
@@ -38,34 +40,49 @@ pub fn greedy(
     if prompt_ids.is_empty() {
         return Err(Error::Tokenizer("the prompt encodes to no tokens".into()));
     }
-    let mut generated = Vec::new();
-    let mut prefill_lens_top = Vec::new();
-    let mut stopped = false;
-    let mut position = 0;
-    let mut input = prompt_ids.clone();
-    while generated.len() < max_tokens {
-        let logits = model.forward(&input, position)?;
-        if position == 0 {
-            prefill_lens_top = model
-                .lens_logits()?
-                .iter()
-                .map(argmax)
-                .collect::<candle_core::Result<_>>()?;
-        }
-        position += input.len();
+    greedy_ids(model, tokenizer, prompt_ids, Split::Whole, max_tokens)
+}
+
+/// Greedy decoding of up to `max_tokens` tokens after `prompt_ids`, the prompt run in the
+/// passes of `split` (see [`run_split`]), then one pass a generated token; stops after a stop
+/// token. With `max_tokens` 0 nothing runs.
+pub fn greedy_ids(
+    model: &mut Model,
+    tokenizer: &GgufTokenizer,
+    prompt_ids: Vec<u32>,
+    split: Split,
+    max_tokens: usize,
+) -> Result<Generation> {
+    let mut generation = Generation {
+        text: String::new(),
+        prompt_ids,
+        generated: Vec::new(),
+        stopped: false,
+        prefill_lens_top: Vec::new(),
+    };
+    if max_tokens == 0 {
+        return Ok(generation);
+    }
+    let mut logits = run_split(model, &generation.prompt_ids, split)?;
+    generation.prefill_lens_top = model
+        .lens_logits()?
+        .iter()
+        .map(argmax)
+        .collect::<candle_core::Result<_>>()?;
+    let mut position = generation.prompt_ids.len();
+    loop {
         let next = argmax(&logits)?;
-        generated.push(next);
+        generation.generated.push(next);
         if tokenizer.stop_ids.contains(&next) {
-            stopped = true;
+            generation.stopped = true;
             break;
         }
-        input = vec![next];
+        if generation.generated.len() == max_tokens {
+            break;
+        }
+        logits = model.forward(&[next], position)?;
+        position += 1;
     }
-    Ok(Generation {
-        text: tokenizer.decode(&generated)?,
-        prompt_ids,
-        generated,
-        stopped,
-        prefill_lens_top,
-    })
+    generation.text = tokenizer.decode(&generation.generated)?;
+    Ok(generation)
 }

@@ -11,6 +11,8 @@ pub mod generate;
 #[path = "../../shared/gguf.rs"]
 pub mod gguf;
 pub mod model;
+pub mod passes;
+pub mod rows;
 pub mod tokenizer;
 pub mod weights;
 

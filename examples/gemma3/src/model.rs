@@ -3,7 +3,7 @@
 //!
 //! | annotation | site |
 //! |------------|------|
-//! | `#[trace_model(position = position, tokens = tokens)]` | [`Model::forward`]: the pass, with the token ids it runs |
+//! | `#[trace_model(position = position, tokens = ids)]` | [`Model::forward_batch`]: the pass (every path's: a single prompt is a batch of one), with the token ids it runs, row after row |
 //! | `#[trace_layer(index = self.index)]` | [`Block::forward`]; layer 0's input is the scaled embeddings |
 //! | `trace_tensor!("attn_in" / "attn_out" / "attn_post_norm" / "resid_mid" / "mlp_in" / "mlp_out" / "mlp_post_norm")` | the `let`s of the same names in [`Block::forward`] |
 //! | `trace_tensor!("q_norm" / "k_norm")` | [`Attention::forward`]: per head, `[batch, seq, heads, head_dim]` |
@@ -28,6 +28,10 @@
 //! 10,000, the sixth globally with the GGUF's base; the MLP's GELU is the tanh approximation;
 //! RoPE rotates the two halves of each head (no permuted weights, unlike llama's GGUFs).
 //!
+//! A pass runs B rows side by side, left-padded ([`crate::rows`]): the stages' tensors are
+//! `[batch, seq, ..]`, and row `r` of a stage read as a matrix is batch row `r / seq`, column
+//! `r % seq`.
+//!
 //! Built without the `trace` feature the annotations are compiled out. Activations are f32 on
 //! the CPU; the matmul weights stay quantized.
 
@@ -35,6 +39,7 @@ use crate::bugs::{self, Bug};
 use crate::config::Config;
 use crate::error::{Error, Result as LoadResult};
 use crate::gguf::Gguf;
+use crate::rows::{self, Rows};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use model_trace::{
@@ -186,6 +191,37 @@ impl RopeTables {
             sin: angles.sin()?,
         })
     }
+
+    /// Fails unless the tables hold the positions below `end`.
+    fn check_covers(&self, end: usize) -> Result<()> {
+        let context = self.cos.dim(0)?;
+        if end > context {
+            candle_core::bail!(
+                "rotary position {} past the context of {context} positions",
+                end - 1
+            );
+        }
+        Ok(())
+    }
+
+    /// `cos` and `sin` `[rows, seq_len, head_dim / 2]` of rows starting at `starts` (negative
+    /// positions clamped to 0).
+    fn rows(&self, starts: &[isize], seq_len: usize) -> Result<(Tensor, Tensor)> {
+        let positions: Vec<u32> = starts
+            .iter()
+            .flat_map(|&start| (0..seq_len).map(move |i| (start + i as isize).max(0) as u32))
+            .collect();
+        let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
+        self.check_covers(end)?;
+        let ids = Tensor::new(positions, self.cos.device())?;
+        let half = self.cos.dim(1)?;
+        let gather = |table: &Tensor| {
+            table
+                .index_select(&ids, 0)?
+                .reshape((starts.len(), seq_len, half))
+        };
+        Ok((gather(&self.cos)?, gather(&self.sin)?))
+    }
 }
 
 /// Rotary embeddings: the global layers' tables and the sliding-window layers', shared by all
@@ -212,13 +248,24 @@ impl Rotary {
         })
     }
 
-    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`: the two
-    /// halves of each head are the rotation's pairs (`rope`, not `rope_i`).
-    fn apply(&self, x: &Tensor, position: usize, global: bool) -> Result<Tensor> {
+    /// Rotates `x: [batch, heads, seq, head_dim]` whose row `b` starts at rotary position
+    /// `starts[b]`: the two halves of each head are the rotation's pairs (`rope`, not `rope_i`).
+    /// A column before position 0 (left padding) is rotated as position 0.
+    fn apply(&self, x: &Tensor, starts: &[isize], global: bool) -> Result<Tensor> {
         let tables = if global { &self.global } else { &self.local };
         let seq_len = x.dim(2)?;
-        let cos = tables.cos.narrow(0, position, seq_len)?;
-        let sin = tables.sin.narrow(0, position, seq_len)?;
+        let (cos, sin) = match starts {
+            // Every row at the same place, as a single prompt is: one table for all.
+            [start, rest @ ..] if *start >= 0 && rest.iter().all(|s| s == start) => {
+                let start = *start as usize;
+                tables.check_covers(start + seq_len)?;
+                (
+                    tables.cos.narrow(0, start, seq_len)?,
+                    tables.sin.narrow(0, start, seq_len)?,
+                )
+            }
+            _ => tables.rows(starts, seq_len)?,
+        };
         candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
     }
 }
@@ -226,14 +273,18 @@ impl Rotary {
 /// One layer's keys and values, `[batch, kv_heads, len, head_dim]`, every position kept (the
 /// sliding window is the mask's business).
 pub struct KvCache {
+    /// The block it belongs to (for the bug switches).
+    layer: usize,
     keys: Option<Tensor>,
     values: Option<Tensor>,
     max_len: usize,
 }
 
 impl KvCache {
-    pub fn new(max_len: usize) -> Self {
+    /// An empty cache of block `layer` that refuses to grow past `max_len` positions.
+    pub fn new(layer: usize, max_len: usize) -> Self {
         Self {
+            layer,
             keys: None,
             values: None,
             max_len,
@@ -241,25 +292,44 @@ impl KvCache {
     }
 
     /// Appends `k`, `v` (`[batch, kv_heads, new, head_dim]`) and returns every cached position,
-    /// the new ones included.
+    /// the new ones included: those of earlier passes as the cache stores them, this pass's as
+    /// given.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (keys, values) = match (&self.keys, &self.values) {
-            (Some(keys), Some(values)) => (
-                Tensor::cat(&[keys, k], 2)?.contiguous()?,
-                Tensor::cat(&[values, v], 2)?.contiguous()?,
-            ),
-            _ => (k.contiguous()?, v.contiguous()?),
-        };
-        if keys.dim(2)? > self.max_len {
+        let (cached, new) = (self.len(), k.dim(2)?);
+        if cached + new > self.max_len {
             candle_core::bail!(
-                "KV cache full: {} positions exceed the context of {}",
-                keys.dim(2)?,
+                "KV cache full: {cached} cached + {new} new positions exceed the context of {}",
                 self.max_len
             );
         }
-        self.keys = Some(keys.clone());
-        self.values = Some(values.clone());
+        // `kv-cache-off-by-one`: a decode step written over the position before its own.
+        let one_early =
+            bugs::injected_at(Bug::KvCacheOffByOne, self.layer) && new == 1 && cached > 0;
+        let keys = join(self.keys.as_ref(), k, one_early)?;
+        let values = join(self.values.as_ref(), v, one_early)?;
+        match self.stored_dtype() {
+            Some(dtype) => {
+                let rounded = |t: &Tensor| t.to_dtype(dtype)?.to_dtype(DType::F32);
+                self.keys = Some(join(self.keys.as_ref(), &rounded(k)?, one_early)?);
+                self.values = Some(join(self.values.as_ref(), &rounded(v)?, one_early)?);
+            }
+            None => {
+                self.keys = Some(keys.clone());
+                self.values = Some(values.clone());
+            }
+        }
         Ok((keys, values))
+    }
+
+    /// The dtype the cache rounds what it stores to, where a `kv-cache-f16`/`-bf16` bug asks.
+    fn stored_dtype(&self) -> Option<DType> {
+        if bugs::injected_at(Bug::KvCacheF16, self.layer) {
+            Some(DType::F16)
+        } else if bugs::injected_at(Bug::KvCacheBf16, self.layer) {
+            Some(DType::BF16)
+        } else {
+            None
+        }
     }
 
     /// Positions cached.
@@ -276,6 +346,20 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.keys = None;
         self.values = None;
+    }
+}
+
+/// `cached` followed by `new` along the positions (dimension 2). With `one_early`, `new` (one
+/// position) lands on the last cached position and a zero position follows it: what a cache
+/// that writes a decode step at `len - 1` and then counts `len + 1` positions holds.
+fn join(cached: Option<&Tensor>, new: &Tensor, one_early: bool) -> Result<Tensor> {
+    match cached {
+        None => new.contiguous(),
+        Some(cached) if one_early => {
+            let kept = cached.narrow(2, 0, cached.dim(2)? - 1)?;
+            Tensor::cat(&[&kept, new, &new.zeros_like()?], 2)?.contiguous()
+        }
+        Some(cached) => Tensor::cat(&[cached, new], 2)?.contiguous(),
     }
 }
 
@@ -299,9 +383,9 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `x: [batch, seq, hidden]` whose first row is at `position` -> `[batch, seq, heads ·
-    /// head_dim]` projected back to `hidden`.
-    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+    /// `x: [batch, seq, hidden]`, the columns `rows` places -> `[batch, seq, heads · head_dim]`
+    /// projected back to `hidden`.
+    pub fn forward(&self, x: &Tensor, rows: Rows<'_>, cache: &mut KvCache) -> Result<Tensor> {
         let (batch, seq_len, _) = x.dims3()?;
         let q = self
             .q
@@ -327,15 +411,16 @@ impl Attention {
         trace_tensor!("q_norm", &q_norm);
         trace_tensor!("k_norm", &k_norm);
         let global_rope = self.global || bugs::injected_at(Bug::RopeBaseGlobal, self.index);
+        let starts = self.rotary_starts(rows, seq_len);
         let q = self
             .rotary
-            .apply(&q_norm.transpose(1, 2)?, position, global_rope)?;
+            .apply(&q_norm.transpose(1, 2)?, &starts, global_rope)?;
         let k = self
             .rotary
-            .apply(&k_norm.transpose(1, 2)?, position, global_rope)?;
+            .apply(&k_norm.transpose(1, 2)?, &starts, global_rope)?;
         let (k, v) = cache.append(&k, &v)?;
 
-        let probs = self.attention_probs(&q, &k, position)?;
+        let probs = self.attention_probs(&q, &k, rows)?;
         // Query heads that share a KV head are stacked along the row axis, so that one batched
         // matmul serves the group without copying K/V once per query head.
         let group = self.num_heads / self.num_kv_heads;
@@ -349,11 +434,33 @@ impl Attention {
         self.o.forward(&out)
     }
 
+    /// Each row's rotary position at its first column in a pass of `seq_len` columns, with the
+    /// rotary bugs of this layer injected.
+    fn rotary_starts(&self, rows: Rows<'_>, seq_len: usize) -> Vec<isize> {
+        let at = |bug| bugs::injected_at(bug, self.index);
+        let first = rows.first_column as isize;
+        let decode = rows.is_decode(seq_len);
+        let shift = if decode && at(Bug::RopeDecodePositionMissing) {
+            -first
+        } else if decode && at(Bug::RopeDecodePositionTwice) {
+            first
+        } else {
+            0
+        };
+        let padding_ignored = at(Bug::BatchRopeIgnoresPadding);
+        rows.rotary_starts()
+            .into_iter()
+            .zip(rows.pads)
+            .map(|(start, &pad)| start + shift + if padding_ignored { pad as isize } else { 0 })
+            .collect()
+    }
+
     /// Softmax attention probabilities `[batch, heads, q_len, k_len]` of the rotated queries
     /// `q: [batch, heads, q_len, head_dim]` over the cached keys `k: [batch, kv_heads, k_len,
-    /// head_dim]`: causal, and in a sliding-window layer limited to the window's last keys.
+    /// head_dim]`: causal, blind to each row's padding (`rows`), and in a sliding-window layer
+    /// limited to the window's last keys.
     #[trace_attention]
-    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, position: usize) -> Result<Tensor> {
+    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, rows: Rows<'_>) -> Result<Tensor> {
         let (batch, _, q_len, head_dim) = q.dims4()?;
         let k_len = k.dim(2)?;
         let group = self.num_heads / self.num_kv_heads;
@@ -361,50 +468,36 @@ impl Attention {
         let q = q.reshape((batch, self.num_kv_heads, group * q_len, head_dim))?;
         let scores =
             (q.matmul(&k.t()?)? * self.scale)?.reshape((batch, self.num_heads, q_len, k_len))?;
-        let window = match self.global {
-            true => None,
-            false if bugs::injected_at(Bug::WindowOneTooWide, self.index) => {
-                Some(self.sliding_window + 1)
-            }
-            false => Some(self.sliding_window),
-        };
-        let scores = match mask(q_len, position, k_len, window, q.device())? {
+        let pads = self.mask_pads(rows);
+        let window = self.window(rows.is_decode(q_len));
+        let scores = match rows::mask(rows.first_column, q_len, k_len, window, &pads, q.device())? {
             Some(mask) => scores.broadcast_add(&mask)?,
             None => scores,
         };
         candle_nn::ops::softmax_last_dim(&scores)
     }
-}
 
-/// `[q_len, k_len]`: 0 where query `position + i` may see key `j` (not in its future and, with
-/// a `window`, fewer than `window` positions back), -inf elsewhere; `None` when it sees every key.
-fn mask(
-    q_len: usize,
-    position: usize,
-    k_len: usize,
-    window: Option<usize>,
-    device: &Device,
-) -> Result<Option<Tensor>> {
-    let visible = |i: usize, j: usize| {
-        let query = position + i;
-        j <= query && window.is_none_or(|w| query - j < w)
-    };
-    let all_visible = (0..q_len).all(|i| (0..k_len).all(|j| visible(i, j)));
-    if all_visible {
-        return Ok(None);
+    /// How many keys back a query of this layer sees (`None`: all), in a decode step or not,
+    /// with the window bugs of this layer injected.
+    fn window(&self, decode: bool) -> Option<usize> {
+        let at = |bug| bugs::injected_at(bug, self.index);
+        match self.global {
+            true => None,
+            false if at(Bug::WindowOneTooWide) => Some(self.sliding_window + 1),
+            false if decode && at(Bug::WindowDecodeOneShort) => Some(self.sliding_window - 1),
+            false => Some(self.sliding_window),
+        }
     }
-    let mask: Vec<f32> = (0..q_len)
-        .flat_map(|i| {
-            (0..k_len).map(move |j| {
-                if visible(i, j) {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Tensor::from_vec(mask, (q_len, k_len), device).map(Some)
+
+    /// The padding each row's mask is built from: the row's own, or with
+    /// `batch-mask-other-row` the next row's.
+    fn mask_pads(&self, rows: Rows<'_>) -> Vec<usize> {
+        if !bugs::injected_at(Bug::BatchMaskOtherRow, self.index) {
+            return rows.pads.to_vec();
+        }
+        let count = rows.count();
+        (0..count).map(|b| rows.pads[(b + 1) % count]).collect()
+    }
 }
 
 pub struct Mlp {
@@ -441,14 +534,14 @@ pub struct Block {
 }
 
 impl Block {
-    /// One Gemma 3 block over `x: [batch, seq, hidden]` whose first row is at `position`;
-    /// returns the residual stream after the block. Its stages are the `let`s of the same
-    /// names (the meanings of `model_trace::Stage`), and `q_norm`, `k_norm` in the attention.
+    /// One Gemma 3 block over `x: [batch, seq, hidden]`, the columns `rows` places; returns the
+    /// residual stream after the block. Its stages are the `let`s of the same names (the
+    /// meanings of `model_trace::Stage`), and `q_norm`, `k_norm` in the attention.
     #[trace_layer(index = self.index)]
-    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, rows: Rows<'_>, cache: &mut KvCache) -> Result<Tensor> {
         let attn_in = self.attn_norm.forward(x, self.index)?;
         trace_tensor!("attn_in", &attn_in);
-        let attn_out = self.attn.forward(&attn_in, position, cache)?;
+        let attn_out = self.attn.forward(&attn_in, rows, cache)?;
         trace_tensor!("attn_out", &attn_out);
         let attn_post_norm = self.attn_post_norm.forward(&attn_out, self.index)?;
         trace_tensor!("attn_post_norm", &attn_post_norm);
@@ -593,7 +686,7 @@ impl Model {
         };
         let norm = RmsNorm::load(gguf, "output_norm.weight", config.hidden_size, eps)?;
         let caches = (0..config.num_layers)
-            .map(|_| KvCache::new(config.context_length))
+            .map(|layer| KvCache::new(layer, config.context_length))
             .collect();
         Ok(Self {
             output: OutputHead {
@@ -611,12 +704,34 @@ impl Model {
     }
 
     /// Runs `tokens`, the sequence's tokens from `position` on, and returns the logits `[vocab]`
-    /// for the token after the last one.
+    /// for the token after the last one: [`Model::forward_batch`] on one row without padding.
     ///
     /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
     /// must equal the number of positions already cached.
-    #[trace_model(position = position, tokens = tokens)]
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        self.forward_batch(tokens, &[0], position)?.squeeze(0)
+    }
+
+    /// One pass over a batch: `ids` holds `pads.len()` rows of the same number of columns, one
+    /// row after another, from column `position` on; row `b` is left-padded by `pads[b]`
+    /// columns (its ids there mean nothing: [`crate::rows`]). Returns the logits `[rows,
+    /// vocab]` for the token after each row's last column.
+    ///
+    /// `position == 0` starts new sequences (the KV caches are cleared); otherwise `position`
+    /// must equal the number of columns already cached, and `pads` be the same as then. Every
+    /// pass of every path goes through here: it is the traced pass, whose `tokens` are `ids`.
+    #[trace_model(position = position, tokens = ids)]
+    pub fn forward_batch(
+        &mut self,
+        ids: &[u32],
+        pads: &[usize],
+        position: usize,
+    ) -> Result<Tensor> {
+        let rows = Rows {
+            first_column: position,
+            pads,
+        };
+        let seq_len = check_rows(ids, rows)?;
         if position == 0 {
             self.caches.iter_mut().for_each(KvCache::clear);
         }
@@ -624,10 +739,10 @@ impl Model {
         if cached != position {
             candle_core::bail!("forward at position {position}, but {cached} positions are cached");
         }
-        let mut x = self.embed(tokens)?;
+        let mut x = self.embed(ids, rows.count(), seq_len)?;
         self.lens.clear();
         for i in 0..self.blocks.len() {
-            x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
+            x = self.blocks[i].forward(&x, rows, &mut self.caches[i])?;
             if self.logit_lens {
                 // Block i's output read as a prediction. Not `logits`: that is the final head's
                 // own tracepoint, recorded as the layer after the last block.
@@ -636,21 +751,22 @@ impl Model {
                 self.lens.push(lens);
             }
         }
-        self.output.logits(&last_position(&x)?)?.squeeze(0)
+        self.output.logits(&last_position(&x)?)
     }
 
-    /// The embeddings of `tokens` as the first block reads them, `[1, tokens, hidden]`: the rows
-    /// of the token embeddings scaled by `√hidden`.
-    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
-        if tokens.is_empty() {
-            candle_core::bail!("forward needs at least one token");
-        }
-        let ids = Tensor::new(tokens, &Device::Cpu)?;
-        let rows = self.embeddings.embedding(&ids)?.unsqueeze(0)?;
+    /// The embeddings of `ids` as the first block reads them, `[rows, seq_len, hidden]`: the
+    /// rows of the token embeddings scaled by `√hidden`.
+    fn embed(&self, ids: &[u32], rows: usize, seq_len: usize) -> Result<Tensor> {
+        let ids = Tensor::new(ids, &Device::Cpu)?;
+        let hidden = self.config.hidden_size;
+        let embedded = self
+            .embeddings
+            .embedding(&ids)?
+            .reshape((rows, seq_len, hidden))?;
         if bugs::injected(Bug::EmbeddingUnscaled) {
-            return Ok(rows);
+            return Ok(embedded);
         }
-        rows * f64::from(self.config.embedding_scale())
+        embedded * f64::from(self.config.embedding_scale())
     }
 
     /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty unless
@@ -685,6 +801,30 @@ impl Model {
     }
 }
 
+/// The columns of each row of a pass (`ids` split into `rows.count()` rows), or why the ids and
+/// the padding do not make one.
+fn check_rows(ids: &[u32], rows: Rows<'_>) -> Result<usize> {
+    let count = rows.count();
+    if ids.is_empty() || count == 0 || !ids.len().is_multiple_of(count) {
+        candle_core::bail!(
+            "a pass needs the same number of ids (at least one) in each of its rows: {} ids in {count} rows",
+            ids.len()
+        );
+    }
+    let columns = rows.first_column + ids.len() / count;
+    if let Some((row, pad)) = rows
+        .pads
+        .iter()
+        .enumerate()
+        .find(|(_, &pad)| pad >= columns)
+    {
+        candle_core::bail!(
+            "row {row}'s padding of {pad} columns leaves none of its {columns} columns to a token"
+        );
+    }
+    Ok(ids.len() / count)
+}
+
 /// `[batch, seq, hidden] -> [batch, hidden]` at the last position.
 fn last_position(x: &Tensor) -> Result<Tensor> {
     let seq_len = x.dim(1)?;
@@ -704,54 +844,4 @@ pub fn argmax(logits: &Tensor) -> Result<u32> {
         }
     }
     Ok(best as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn visible(mask: &Tensor) -> Vec<Vec<bool>> {
-        mask.to_vec2::<f32>()
-            .unwrap()
-            .into_iter()
-            .map(|row| row.into_iter().map(|v| v == 0.0).collect())
-            .collect()
-    }
-
-    #[test]
-    fn the_mask_is_causal_and_a_window_hides_keys_that_far_back() {
-        let cpu = &Device::Cpu;
-        // Three queries at positions 2, 3, 4 over keys 0..5.
-        let causal = mask(3, 2, 5, None, cpu).unwrap().unwrap();
-        assert_eq!(
-            visible(&causal),
-            [
-                [true, true, true, false, false],
-                [true, true, true, true, false],
-                [true, true, true, true, true],
-            ]
-        );
-        let window = mask(3, 2, 5, Some(2), cpu).unwrap().unwrap();
-        assert_eq!(
-            visible(&window),
-            [
-                [false, true, true, false, false],
-                [false, false, true, true, false],
-                [false, false, false, true, true],
-            ]
-        );
-    }
-
-    #[test]
-    fn no_mask_where_every_key_is_visible() {
-        let cpu = &Device::Cpu;
-        // A decode step sees every cached key, unless the window is shorter than the cache.
-        assert!(mask(1, 7, 8, None, cpu).unwrap().is_none());
-        assert!(mask(1, 7, 8, Some(8), cpu).unwrap().is_none());
-        let window = mask(1, 7, 8, Some(7), cpu).unwrap().unwrap();
-        assert_eq!(
-            visible(&window),
-            [[false, true, true, true, true, true, true, true]]
-        );
-    }
 }

@@ -29,6 +29,9 @@ pub struct GgufTokenizer {
     /// The ids that end a generation: `<eos>`, and `<end_of_turn>` where the vocabulary has it
     /// (as transformers' generation config for Gemma 3 lists both).
     pub stop_ids: Vec<u32>,
+    /// The id that left-pads the shorter prompts of a batch (`tokenizer.ggml.padding_token_id`,
+    /// else 0): any id would do, since the mask hides padding, but a trace shows this one.
+    pub pad_id: u32,
     add_bos: bool,
     add_space_prefix: bool,
 }
@@ -72,6 +75,10 @@ impl GgufTokenizer {
         Ok(Self {
             bos_id: id("tokenizer.ggml.bos_token_id")?,
             stop_ids,
+            pad_id: match gguf.value("tokenizer.ggml.padding_token_id") {
+                Ok(_) => id("tokenizer.ggml.padding_token_id")?,
+                Err(_) => 0,
+            },
             add_bos: gguf.bool("tokenizer.ggml.add_bos_token").unwrap_or(true),
             add_space_prefix: gguf
                 .bool("tokenizer.ggml.add_space_prefix")
