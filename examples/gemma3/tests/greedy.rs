@@ -3,9 +3,10 @@
 //! matmul under its own format. Missing weights fail the tests (never skip): run
 //! `scripts/fetch-models`.
 
-use gemma3::generate::{greedy, load};
-use gemma3::{GgufTokenizer, Model};
-use std::sync::Mutex;
+mod common;
+
+use common::model;
+use gemma3::generate::greedy;
 
 const PROMPT: &str = "The capital of France is";
 /// transformers' `Gemma3ForCausalLM` on the same GGUF (`python/tests/gemma3_weights.py`, which
@@ -15,20 +16,9 @@ const PROMPT: &str = "The capital of France is";
 const PROMPT_IDS: [u32; 6] = [2, 818, 5279, 529, 7001, 563];
 const GREEDY_IDS: [u32; 8] = [506, 5279, 529, 506, 2891, 529, 7001, 236761];
 
-/// One model for the tests of this binary (loading it twice would double the memory); a test
-/// takes it for its whole run.
-fn model() -> &'static Mutex<(Model, GgufTokenizer)> {
-    static MODEL: std::sync::OnceLock<Mutex<(Model, GgufTokenizer)>> = std::sync::OnceLock::new();
-    MODEL.get_or_init(|| {
-        let path = gemma3::weights::find_gguf().unwrap_or_else(|e| panic!("{e}"));
-        let loaded = load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
-        Mutex::new(loaded)
-    })
-}
-
 #[test]
 fn greedy_decoding_chooses_transformers_tokens() {
-    let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = model();
     let (model, tokenizer) = &mut *guard;
     let generation = greedy(model, tokenizer, PROMPT, GREEDY_IDS.len()).unwrap();
     assert_eq!(generation.prompt_ids, PROMPT_IDS);
@@ -39,7 +29,7 @@ fn greedy_decoding_chooses_transformers_tokens() {
 
 #[test]
 fn the_tokenizer_round_trips_text_with_characters_outside_the_vocabulary() {
-    let guard = model().lock().unwrap_or_else(|e| e.into_inner());
+    let guard = model();
     let (_, tokenizer) = &*guard;
     for text in [
         "Grüße aus Köln, 東京 and Paris!",
@@ -69,7 +59,7 @@ mod traced {
     /// test -p gemma3 --features trace --test greedy golden`.
     #[test]
     fn four_greedy_tokens_match_their_golden_trace() {
-        let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = model();
         let (model, tokenizer) = &mut *guard;
         let generation = model_trace::golden::check("tests/golden/gemma3-paris.ndjson", || {
             greedy(model, tokenizer, PROMPT, 4).unwrap()
@@ -95,7 +85,7 @@ mod traced {
 
     #[test]
     fn every_pass_records_gemma3_stages_and_every_quantized_format() {
-        let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = model();
         let (model, tokenizer) = &mut *guard;
         let session = Session::with_trace_filter(ModelTracerConfig::full(), TraceFilter::all());
         let generation = greedy(model, tokenizer, PROMPT, 2).unwrap();
@@ -144,6 +134,46 @@ mod traced {
             for trace in &pass.traces {
                 assert_eq!(trace.non_finite, 0);
                 assert!(trace.cosine_similarity > 0.99, "{trace:?}");
+            }
+        }
+    }
+
+    /// A batch's passes go through the same traced pass: its stages are `[rows, seq, width]`,
+    /// and finite, the padding columns' included (a padding query sees its own key, so no
+    /// softmax row is all -inf).
+    #[test]
+    fn a_padded_batch_records_finite_stages_for_every_row() {
+        let mut guard = model();
+        let (model, tokenizer) = &mut *guard;
+        let prompts: Vec<Vec<u32>> = [PROMPT, "Water boils at a temperature of", "Hi"]
+            .iter()
+            .map(|p| tokenizer.encode(p).unwrap())
+            .collect();
+        let columns = prompts.iter().map(Vec::len).max().unwrap();
+        let session = Session::with_trace_filter(ModelTracerConfig::full(), TraceFilter::all());
+        let rows = gemma3::passes::greedy_batch(model, tokenizer, &prompts, 2).unwrap();
+        let (tracer, errors) = session.finish_with_errors();
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(rows[0], GREEDY_IDS[..2]);
+
+        let config = model.config().clone();
+        let passes = tracer.activation_traces();
+        assert_eq!(passes.len(), 2);
+        for (p, pass) in passes.iter().enumerate() {
+            let (position, seq) = if p == 0 { (0, columns) } else { (columns, 1) };
+            assert_eq!(pass.position, position, "pass {p}");
+            assert!(!pass.has_anomaly, "pass {p}: {:?}", pass.anomaly_desc);
+            for layer in &pass.layers {
+                for (stage, stats) in layer.stages() {
+                    let width = match stage {
+                        "q_norm" => config.num_heads * config.head_dim,
+                        "k_norm" => config.num_kv_heads * config.head_dim,
+                        _ => config.hidden_size,
+                    };
+                    let at = format!("pass {p} layer {} {stage}", layer.layer_idx);
+                    assert_eq!(stats.count, prompts.len() * seq * width, "{at}");
+                    assert_eq!(stats.nan_count + stats.inf_count, 0, "{at}");
+                }
             }
         }
     }
