@@ -2,6 +2,7 @@
 //! real model model-trace's annotations are exercised on. See `model` for the annotation sites,
 //! and `pipeline` for the model cut into stages on threads of their own, traced one rank a stage.
 
+pub mod batch;
 #[doc(hidden)]
 pub mod bugs;
 pub mod causal;
@@ -16,6 +17,7 @@ pub mod tokenizer;
 pub mod trace_level;
 pub mod weights;
 
+pub use batch::{Batch, Columns};
 pub use error::{Error, Result};
 pub use model::{Config, KvCache, Model};
 pub use tokenizer::GgufTokenizer;

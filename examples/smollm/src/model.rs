@@ -3,7 +3,7 @@
 //!
 //! | annotation                                | site                                   |
 //! |-------------------------------------------|----------------------------------------|
-//! | `#[trace_model(position = position, tokens = tokens)]` | [`Model::forward`]: the pass, with the token ids it runs |
+//! | `#[trace_model(position = position, tokens = batch.ids(), name = "forward")]` | [`Model::forward_batch`]: the pass, with the token ids it runs (a batch's rows one after another) |
 //! | `#[trace_layer(index = self.index)]`      | [`Block::forward`]                     |
 //! | `trace_tensor!("attn_in" / "attn_out" / "resid_mid" / "mlp_in" / "mlp_out")` | the `let`s of the same names in [`Block::forward`] (the stage vocabulary of `model_trace::Stage`) |
 //! | `#[trace_attention]`                      | [`Attention::attention_probs`]         |
@@ -19,6 +19,7 @@
 //! Built without the `trace` feature the annotations are compiled out.
 //! Everything computes in f32 on the CPU; only the matmul weights stay quantized.
 
+use crate::batch::{Batch, Columns};
 use crate::bugs::{self, Bug};
 use crate::error::{Error, Result as LoadResult};
 use crate::gguf::Gguf;
@@ -28,6 +29,7 @@ use model_trace::{
     trace_attention, trace_kv_cache, trace_layer, trace_logits, trace_logits_value, trace_model,
     trace_quant, trace_tensor,
 };
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -265,54 +267,94 @@ impl Rotary {
         Ok((angles.cos()?, angles.sin()?))
     }
 
-    /// Rotates `x: [batch, heads, seq, head_dim]` whose first row sits at `position`, in
-    /// `layer` (where a bug may be injected).
-    pub fn apply(&self, x: &Tensor, position: usize, layer: usize) -> Result<Tensor> {
+    /// Rotates `x: [batch, heads, seq, head_dim]`, the pass's `columns` of each row, in `layer`
+    /// (where a bug may be injected): row `b`'s column `c` at position `c - padding[b]`.
+    pub fn apply(&self, x: &Tensor, columns: Columns<'_>, layer: usize) -> Result<Tensor> {
         let seq_len = x.dim(2)?;
-        let (cos, sin) = if bugs::injected_at(Bug::RopeBase, layer) {
-            let (cos, sin) = match self.wrong_base.get() {
-                Some(tables) => tables,
-                None => {
-                    let tables =
-                        Self::tables(10_000.0, self.head_dim, self.context_length, x.device())?;
-                    self.wrong_base.get_or_init(|| tables)
-                }
+        let (cos, sin) = self.tables_in(layer, x.device())?;
+        let offset = Self::offset(columns, seq_len, layer);
+        let (cos, sin) =
+            if columns.is_padded() && !bugs::injected_at(Bug::BatchRopeIgnoresPadding, layer) {
+                // Each row at positions of its own: `[batch, seq, head_dim / 2]` tables.
+                let positions = columns.rotary_positions(offset, seq_len);
+                let positions = Tensor::new(positions.as_slice(), x.device())?;
+                let shape = (columns.padding.len(), seq_len, self.head_dim / 2);
+                (
+                    cos.index_select(&positions, 0)?.reshape(shape)?,
+                    sin.index_select(&positions, 0)?.reshape(shape)?,
+                )
+            } else {
+                (
+                    cos.narrow(0, offset, seq_len)?,
+                    sin.narrow(0, offset, seq_len)?,
+                )
             };
-            (cos, sin)
-        } else {
-            (&self.cos, &self.sin)
-        };
-        let cos = cos.narrow(0, position, seq_len)?;
-        let sin = sin.narrow(0, position, seq_len)?;
         if bugs::injected_at(Bug::RopeHalfSplit, layer) {
             return candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin);
         }
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
+    }
+
+    /// The `cos` and `sin` tables of `layer`: the model's, or those of [`Bug::RopeBase`].
+    fn tables_in(&self, layer: usize, device: &Device) -> Result<(&Tensor, &Tensor)> {
+        if !bugs::injected_at(Bug::RopeBase, layer) {
+            return Ok((&self.cos, &self.sin));
+        }
+        let (cos, sin) = match self.wrong_base.get() {
+            Some(tables) => tables,
+            None => {
+                let tables = Self::tables(10_000.0, self.head_dim, self.context_length, device)?;
+                self.wrong_base.get_or_init(|| tables)
+            }
+        };
+        Ok((cos, sin))
+    }
+
+    /// The position the pass's first column is rotated at (before a row's padding is taken
+    /// off): its column, `columns.start`, but for a decode step (one column after the first)
+    /// with [`Bug::RopeDecodePositionMissing`] (0) or [`Bug::RopeDecodePositionTwice`] (twice).
+    fn offset(columns: Columns<'_>, seq_len: usize, layer: usize) -> usize {
+        let decode = seq_len == 1 && columns.start > 0;
+        if decode && bugs::injected_at(Bug::RopeDecodePositionMissing, layer) {
+            0
+        } else if decode && bugs::injected_at(Bug::RopeDecodePositionTwice, layer) {
+            2 * columns.start
+        } else {
+            columns.start
+        }
     }
 }
 
 /// One layer's keys and values, `[batch, kv_heads, len, head_dim]`, in a buffer that doubles when
 /// full: appending one token copies one row, not the whole history.
 pub struct KvCache {
+    /// The layer it belongs to (for the bug switch).
+    layer: usize,
     keys: Option<Tensor>,
     values: Option<Tensor>,
     len: usize,
     capacity: usize,
     max_len: usize,
+    /// The positions the last append wrote, still at full precision: a rounding cache
+    /// ([`Bug::KvCacheF16`], [`Bug::KvCacheBf16`]) rounds them before the next pass reads them.
+    fresh: Range<usize>,
 }
 
 impl KvCache {
     /// Rows allocated at the first append (or the prompt length, if larger).
     const INITIAL_CAPACITY: usize = 64;
 
-    /// An empty cache that refuses to grow past `max_len` positions (the model's context).
-    pub fn new(max_len: usize) -> Self {
+    /// An empty cache of `layer` that refuses to grow past `max_len` positions (the model's
+    /// context).
+    pub fn new(layer: usize, max_len: usize) -> Self {
         Self {
+            layer,
             keys: None,
             values: None,
             len: 0,
             capacity: 0,
             max_len,
+            fresh: 0..0,
         }
     }
 
@@ -342,15 +384,34 @@ impl KvCache {
             (Some(keys), Some(values)) => (keys, values),
             _ => candle_core::bail!("KV cache buffers missing after growth"),
         };
-        let at = if bugs::injected(Bug::KvCacheOffByOne) && new == 1 && self.len > 0 {
+        if let Some(dtype) = self.rounding() {
+            for buffer in [keys, values] {
+                round_in_place(buffer, self.fresh.clone(), dtype)?;
+            }
+        }
+        let at = if bugs::injected_at(Bug::KvCacheOffByOne, self.layer) && new == 1 && self.len > 0
+        {
             self.len - 1
         } else {
             self.len
         };
         keys.slice_set(&k.contiguous()?, 2, at)?;
         values.slice_set(&v.contiguous()?, 2, at)?;
+        self.fresh = at..at + new;
         self.len = needed;
         Ok((keys.narrow(2, 0, self.len)?, values.narrow(2, 0, self.len)?))
+    }
+
+    /// The type the cache rounds what it keeps to ([`Bug::KvCacheF16`], [`Bug::KvCacheBf16`]);
+    /// `None` for a cache that keeps f32.
+    fn rounding(&self) -> Option<DType> {
+        if bugs::injected_at(Bug::KvCacheF16, self.layer) {
+            Some(DType::F16)
+        } else if bugs::injected_at(Bug::KvCacheBf16, self.layer) {
+            Some(DType::BF16)
+        } else {
+            None
+        }
     }
 
     /// A zeroed buffer of `capacity` positions shaped like `like`, holding the first `len`
@@ -395,8 +456,18 @@ impl KvCache {
 
     /// Forgets every position; the buffers are released too.
     pub fn clear(&mut self) {
-        *self = Self::new(self.max_len);
+        *self = Self::new(self.layer, self.max_len);
     }
+}
+
+/// Rounds `positions` of `buffer` (`[batch, heads, len, head_dim]`) to `dtype` and back.
+fn round_in_place(buffer: &Tensor, positions: Range<usize>, dtype: DType) -> Result<()> {
+    if positions.is_empty() {
+        return Ok(());
+    }
+    let part = buffer.narrow(2, positions.start, positions.len())?;
+    let rounded = part.to_dtype(dtype)?.to_dtype(buffer.dtype())?;
+    buffer.slice_set(&rounded, 2, positions.start)
 }
 
 pub struct Attention {
@@ -413,8 +484,8 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `x: [batch, seq, hidden]` whose first row is at `position` -> `[batch, seq, hidden]`.
-    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+    /// `x: [batch, seq, hidden]`, the pass's `columns` of each row -> `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Tensor, columns: Columns<'_>, cache: &mut KvCache) -> Result<Tensor> {
         let (batch, seq_len, hidden) = x.dims3()?;
         let heads = |t: Tensor, n: usize| -> Result<Tensor> {
             t.reshape((batch, seq_len, n, self.head_dim))?
@@ -424,11 +495,11 @@ impl Attention {
         let q = heads(self.q.forward(x)?, self.num_heads)?;
         let k = heads(self.k.forward(x)?, self.num_kv_heads)?;
         let v = heads(self.v.forward(x)?, self.num_kv_heads)?;
-        let q = self.rotary.apply(&q, position, self.index)?;
-        let k = self.rotary.apply(&k, position, self.index)?;
+        let q = self.rotary.apply(&q, columns, self.index)?;
+        let k = self.rotary.apply(&k, columns, self.index)?;
         let (k, v) = cache.append(&k, &v)?;
 
-        let probs = self.attention_probs(&q, &k, position)?;
+        let probs = self.attention_probs(&q, &k, columns)?;
         // Query heads that share a KV head are stacked along the row axis so one batched matmul
         // serves the group without copying K/V once per query head.
         let group = self.num_heads / self.num_kv_heads;
@@ -444,9 +515,11 @@ impl Attention {
 
     /// Softmax attention probabilities `[batch, heads, q_len, k_len]` of the rotated queries
     /// `q: [batch, heads, q_len, head_dim]` over the cached keys `k: [batch, kv_heads, k_len,
-    /// head_dim]`, causal: the query at `position + i` sees keys `0..=position + i`.
+    /// head_dim]`, the pass's `columns` of each row: causal (the query at column `start + i`
+    /// sees keys up to `start + i`), and in a padded batch blind to the row's padding keys
+    /// ([`Columns::padding_mask`]).
     #[trace_attention]
-    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, position: usize) -> Result<Tensor> {
+    pub fn attention_probs(&self, q: &Tensor, k: &Tensor, columns: Columns<'_>) -> Result<Tensor> {
         let (batch, _, q_len, head_dim) = q.dims4()?;
         let k_len = k.dim(2)?;
         let group = self.num_heads / self.num_kv_heads;
@@ -458,8 +531,18 @@ impl Attention {
             q_len,
             k_len,
         ))?;
-        let scores = if q_len > 1 {
-            scores.broadcast_add(&causal_mask(q_len, position, k_len, q.device())?)?
+        let scores = if columns.is_padded() {
+            let mut padding = columns.padding.to_vec();
+            if bugs::injected_at(Bug::BatchMaskOtherRow, self.index) {
+                padding.rotate_left(1);
+            }
+            let columns = Columns {
+                padding: &padding,
+                ..columns
+            };
+            scores.broadcast_add(&columns.padding_mask(q_len, k_len, q.device())?)?
+        } else if q_len > 1 {
+            scores.broadcast_add(&causal_mask(q_len, columns.start, k_len, q.device())?)?
         } else {
             scores
         };
@@ -513,8 +596,8 @@ pub struct Block {
 }
 
 impl Block {
-    /// One pre-norm transformer block over `x: [batch, seq, hidden]` whose first row is at
-    /// `position`; returns the residual stream after the block.
+    /// One pre-norm transformer block over `x: [batch, seq, hidden]`, the pass's `columns` of
+    /// each row; returns the residual stream after the block.
     ///
     /// Stages, for the layer record (the meanings of `model_trace::Stage`):
     /// - `attn_in`: the attention norm's output, what the attention reads;
@@ -527,10 +610,10 @@ impl Block {
     /// order within the forward pass: a pipeline stage that runs blocks 15 to 29 records them as
     /// layers 15 to 29.
     #[trace_layer(index = self.index)]
-    pub fn forward(&self, x: &Tensor, position: usize, cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, columns: Columns<'_>, cache: &mut KvCache) -> Result<Tensor> {
         let attn_in = self.attn_norm.forward_in(x, self.index)?;
         trace_tensor!("attn_in", &attn_in);
-        let attn_out = self.attn.forward(&attn_in, position, cache)?;
+        let attn_out = self.attn.forward(&attn_in, columns, cache)?;
         trace_tensor!("attn_out", &attn_out);
         let resid_mid = (x + &attn_out)?;
         trace_tensor!("resid_mid", &resid_mid);
@@ -589,6 +672,8 @@ pub struct Model {
     /// the head (the logit lens). Off by default: it costs one head matmul per layer.
     pub logit_lens: bool,
     lens: Vec<Tensor>,
+    /// Each row's left padding in the sequences the caches hold (set by the pass at position 0).
+    padding: Vec<usize>,
 }
 
 impl Model {
@@ -651,7 +736,7 @@ impl Model {
         };
         let norm = norm(gguf, "output_norm.weight", &config, &device)?;
         let caches = (0..config.num_layers)
-            .map(|_| KvCache::new(config.context_length))
+            .map(|layer| KvCache::new(layer, config.context_length))
             .collect();
         Ok(Self {
             config,
@@ -662,21 +747,36 @@ impl Model {
             output: OutputHead { norm, head },
             logit_lens: false,
             lens: Vec::new(),
+            padding: vec![0],
         })
     }
 
     /// Runs `tokens`, the sequence's tokens from `position` on, and returns the logits `[vocab]`
-    /// for the token after the last one.
+    /// for the token after the last one: [`Model::forward_batch`] on a batch of one row.
     ///
     /// `position == 0` starts a new sequence (the KV caches are cleared); otherwise `position`
     /// must equal the number of positions already cached.
-    #[trace_model(position = position, tokens = tokens)]
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
-        let mut x = embed(&self.embeddings, tokens)?;
+        self.forward_batch(&Batch::one(tokens), position)?
+            .squeeze(0)
+    }
+
+    /// Runs the rows of `batch` from column `position` on, each row a sequence of its own
+    /// (left-padded: [`Batch`]), and returns the logits `[rows, vocab]` for the token after each
+    /// row's last one. Every forward pass of the model goes through here.
+    ///
+    /// `position == 0` starts new sequences (the KV caches are cleared, `batch`'s padding is
+    /// the sequences'); otherwise `position` must equal the number of columns already cached,
+    /// and `batch` must have the same rows and padding.
+    #[trace_model(position = position, tokens = batch.ids(), name = "forward")]
+    pub fn forward_batch(&mut self, batch: &Batch, position: usize) -> Result<Tensor> {
+        let mut x = embed(&self.embeddings, batch.ids(), batch.rows())?;
         continue_sequence(&mut self.caches, position)?;
+        self.continue_padding(batch, position)?;
+        let columns = batch.columns_at(position);
         self.lens.clear();
         for i in 0..self.blocks.len() {
-            x = self.blocks[i].forward(&x, position, &mut self.caches[i])?;
+            x = self.blocks[i].forward(&x, columns, &mut self.caches[i])?;
             if self.logit_lens {
                 // Block i's output read as a prediction. Not `self.logits`: that is the final
                 // head's own tracepoint, recorded as the layer after the last block.
@@ -685,7 +785,28 @@ impl Model {
                 self.lens.push(lens);
             }
         }
-        self.logits(&last_position(&x)?)?.squeeze(0)
+        self.logits(&last_position(&x)?)
+    }
+
+    /// Takes `batch`'s padding as the sequences' at `position` 0; checks it is theirs after.
+    fn continue_padding(&mut self, batch: &Batch, position: usize) -> Result<()> {
+        if position == 0 {
+            if let Some(row) = (0..batch.rows()).find(|&b| batch.padding()[b] >= batch.columns()) {
+                candle_core::bail!(
+                    "row {row} of the batch is all padding ({} of {} columns)",
+                    batch.padding()[row],
+                    batch.columns()
+                );
+            }
+            self.padding = batch.padding().to_vec();
+        } else if batch.padding() != self.padding {
+            candle_core::bail!(
+                "a pass of rows padded {:?} continues sequences padded {:?}",
+                batch.padding(),
+                self.padding
+            );
+        }
+        Ok(())
     }
 
     /// The final norm and the output head: `hidden: [batch, hidden] -> [batch, vocab]`
@@ -700,8 +821,8 @@ impl Model {
         self.output.project(hidden)
     }
 
-    /// The logit lens of the last forward pass: one `[vocab]` tensor per layer, empty unless
-    /// `logit_lens` was on.
+    /// The logit lens of the last forward pass: one `[vocab]` tensor per layer (`[rows, vocab]`
+    /// after a batch of several rows), empty unless `logit_lens` was on.
     pub fn lens_logits(&self) -> Result<Vec<Tensor>> {
         self.lens.iter().map(|l| l.squeeze(0)).collect()
     }
@@ -793,13 +914,17 @@ pub(crate) fn continue_sequence(caches: &mut [KvCache], position: usize) -> Resu
     Ok(())
 }
 
-/// The rows of `embeddings: [vocab, hidden]` for `tokens`, as `[1, tokens, hidden]`.
-pub(crate) fn embed(embeddings: &Tensor, tokens: &[u32]) -> Result<Tensor> {
+/// The rows of `embeddings: [vocab, hidden]` for `tokens`, `rows` rows of as many tokens one
+/// after another, as `[rows, tokens / rows, hidden]`.
+pub(crate) fn embed(embeddings: &Tensor, tokens: &[u32], rows: usize) -> Result<Tensor> {
     if tokens.is_empty() {
         candle_core::bail!("forward needs at least one token");
     }
     let ids = Tensor::new(tokens, embeddings.device())?;
-    embeddings.index_select(&ids, 0)?.unsqueeze(0)
+    let hidden = embeddings.dim(1)?;
+    embeddings
+        .index_select(&ids, 0)?
+        .reshape((rows, tokens.len() / rows, hidden))
 }
 
 /// `[batch, seq, hidden] -> [batch, hidden]` at the last position.

@@ -57,6 +57,7 @@
 //! # Ok::<(), smollm::Error>(())
 //! ```
 
+use crate::batch::Columns;
 use crate::model::{continue_sequence, embed, last_position, Block, KvCache, Model, OutputHead};
 use candle_core::{Result, Tensor};
 use model_trace::{trace_model, ModelTracer, RecordError, Session, SessionError};
@@ -113,7 +114,7 @@ impl Stage {
     #[trace_model(position = position, name = "stage")]
     pub fn forward(&mut self, input: Activation, position: usize) -> Result<Activation> {
         let mut x = match (input, &self.embeddings) {
-            (Activation::Tokens(tokens), Some(embeddings)) => embed(embeddings, &tokens)?,
+            (Activation::Tokens(tokens), Some(embeddings)) => embed(embeddings, &tokens, 1)?,
             (Activation::Hidden(hidden), None) => hidden,
             (input, _) => candle_core::bail!(
                 "stage {} (layers {}) does not take {}",
@@ -124,7 +125,7 @@ impl Stage {
         };
         continue_sequence(&mut self.caches, position)?;
         for (block, cache) in self.blocks.iter().zip(&mut self.caches) {
-            x = block.forward(&x, position, cache)?;
+            x = block.forward(&x, Columns::unpadded(position), cache)?;
         }
         match &self.output {
             Some(output) => Ok(Activation::Logits(

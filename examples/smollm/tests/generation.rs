@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 use smollm::generate::{greedy, load};
 use smollm::model::argmax;
-use smollm::{GgufTokenizer, Model};
+use smollm::{Columns, GgufTokenizer, Model};
 
 const PROMPT: &str = "The capital of France is";
 
@@ -128,7 +128,9 @@ fn attention_probs_are_causal_distributions() {
         &device,
     )
     .unwrap();
-    let probs = attention.attention_probs(&q, &k, position).unwrap();
+    let probs = attention
+        .attention_probs(&q, &k, Columns::unpadded(position))
+        .unwrap();
     assert_eq!(probs.dims(), [1, config.num_heads, q_len, position + q_len]);
     let rows = probs.squeeze(0).unwrap().to_vec3::<f32>().unwrap();
     for head in &rows {
