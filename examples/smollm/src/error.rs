@@ -21,6 +21,12 @@ pub enum Error {
     Pipeline(crate::pipeline::PipelineError),
     /// An intervention (causal tracing's patches) could not be made or did not apply.
     Intervention(String),
+    /// `len` tokens cannot be cut into passes as `split` says (a prefill longer than the
+    /// tokens, chunks of none, no tokens).
+    Split {
+        split: crate::passes::Split,
+        len: usize,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -37,6 +43,9 @@ impl fmt::Display for Error {
             Error::ReadTrace(err) => write!(f, "trace file: {err}"),
             Error::Pipeline(err) => write!(f, "pipeline: {err}"),
             Error::Intervention(msg) => write!(f, "intervention: {msg}"),
+            Error::Split { split, len } => {
+                write!(f, "{len} tokens cannot run as {split}")
+            }
         }
     }
 }

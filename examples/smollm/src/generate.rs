@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{argmax, Model};
+use crate::passes::{run_split, Split};
 use crate::pipeline::Pipeline;
 use crate::tokenizer::GgufTokenizer;
 use candle_core::Tensor;
@@ -24,6 +25,7 @@ pub struct Generation {
     /// The generated text alone, special tokens dropped.
     pub text: String,
     pub stopped_at_eos: bool,
+    /// The prompt's passes: one, unless [`greedy_split`] cut it into several.
     pub prefill: Duration,
     /// One entry per single-token forward pass after the prefill.
     pub decode_steps: Vec<Duration>,
@@ -99,8 +101,22 @@ pub fn greedy(
     prompt: &str,
     max_tokens: usize,
 ) -> Result<Generation> {
+    let prompt_ids = encode_prompt(tokenizer, prompt)?;
+    greedy_split(model, tokenizer, prompt_ids, Split::Whole, max_tokens)
+}
+
+/// Greedy decoding of `prompt_ids`, run in the passes `split` says (the prefill), then one token
+/// per pass through the KV cache, until `max_tokens` tokens or EOS. [`greedy`] is this with the
+/// prompt in one pass; whichever the split, the tokens are the same (to float rounding).
+pub fn greedy_split(
+    model: &mut impl Decoder,
+    tokenizer: &GgufTokenizer,
+    prompt_ids: Vec<u32>,
+    split: Split,
+    max_tokens: usize,
+) -> Result<Generation> {
     let mut generation = Generation {
-        prompt_ids: encode_prompt(tokenizer, prompt)?,
+        prompt_ids,
         generated: Vec::new(),
         text: String::new(),
         stopped_at_eos: false,
@@ -112,7 +128,7 @@ pub fn greedy(
         return Ok(generation);
     }
     let started = Instant::now();
-    let mut logits = model.forward(&generation.prompt_ids, 0)?;
+    let mut logits = run_split(model, &generation.prompt_ids, split)?;
     generation.prefill = started.elapsed();
     for lens in model.lens_logits()? {
         generation.prefill_lens_top.push(argmax(&lens)?);

@@ -11,6 +11,7 @@ pub mod generate;
 #[path = "../../shared/gguf.rs"]
 pub mod gguf;
 pub mod model;
+pub mod passes;
 pub mod pipeline;
 pub mod report;
 pub mod tokenizer;
