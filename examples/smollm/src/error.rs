@@ -21,6 +21,11 @@ pub enum Error {
     Pipeline(crate::pipeline::PipelineError),
     /// An intervention (causal tracing's patches) could not be made or did not apply.
     Intervention(String),
+    /// A prompt file could not be read.
+    PromptFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// `len` tokens cannot be cut into passes as `split` says (a prefill longer than the
     /// tokens, chunks of none, no tokens).
     Split {
@@ -43,6 +48,9 @@ impl fmt::Display for Error {
             Error::ReadTrace(err) => write!(f, "trace file: {err}"),
             Error::Pipeline(err) => write!(f, "pipeline: {err}"),
             Error::Intervention(msg) => write!(f, "intervention: {msg}"),
+            Error::PromptFile { path, source } => {
+                write!(f, "prompt file {}: {source}", path.display())
+            }
             Error::Split { split, len } => {
                 write!(f, "{len} tokens cannot run as {split}")
             }
@@ -58,6 +66,7 @@ impl std::error::Error for Error {
             Error::Trace(err) => Some(err),
             Error::ReadTrace(err) => Some(err),
             Error::Pipeline(err) => Some(err),
+            Error::PromptFile { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -3,16 +3,27 @@
 
 use model_trace::{ModelTracer, ModelTracerConfig, RecordError, Session, SessionError};
 use model_trace::{SessionBuilder, TraceReader};
-use smollm::generate::{greedy, load, Generation};
+use smollm::generate::{encode_prompt, greedy_split, load, Generation};
+use smollm::passes::{greedy_batch, Split};
 use smollm::pipeline::Pipeline;
 use smollm::report::quant_figures;
 use smollm::{weights, GgufTokenizer, Model, TraceLevel};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
                      [--trace off|lightweight|full-noquant|full] [--logit-lens] [--pipeline N] \
-                     [--trace-out FILE [--capture PATTERN]] PROMPT\n\
+                     [--trace-out FILE [--capture PATTERN]] [--max-prompt-tokens N] \
+                     [--decode-from K | --prefill-chunk C] PROMPT... (or --prompt-file PATH)\n\
+                     --prompt-file reads a prompt from a file (a prompt argument of its own, \
+                     in its place among the others); --max-prompt-tokens cuts each prompt's ids \
+                     to the first N;\n\
+                     --decode-from prefills the first K prompt tokens in one pass, then feeds \
+                     the rest one token a pass; --prefill-chunk prefills in passes of C tokens;\n\
+                     several prompts run as one batch: left-padded to the longest, prefilled \
+                     in one pass and decoded together for --max-tokens steps (no --pipeline, \
+                     --logit-lens, --decode-from or --prefill-chunk), each row's text printed;\n\
                      --ignore-eos goes on past the end-of-text token, so exactly N tokens are \
                      generated (for measuring);\n\
                      --trace defaults to full when built with --features trace, else off;\n\
@@ -23,8 +34,21 @@ const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
                      --trace-out run.ndjson writes run.rank0.ndjson, run.rank1.ndjson, ... \
                      (no --logit-lens)";
 
+/// A prompt as the command line gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PromptArg {
+    Text(String),
+    /// `--prompt-file PATH`: the file's text.
+    File(PathBuf),
+}
+
 struct Args {
-    prompt: String,
+    /// One prompt, or several: a batch.
+    prompts: Vec<PromptArg>,
+    /// `--max-prompt-tokens`: each prompt's ids cut to this many.
+    max_prompt_tokens: Option<usize>,
+    /// How the prompt is prefilled (`--decode-from`, `--prefill-chunk`).
+    split: Split,
     max_tokens: usize,
     ignore_eos: bool,
     trace: TraceLevel,
@@ -36,7 +60,9 @@ struct Args {
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut prompt: Option<String> = None;
+    let mut prompts = Vec::new();
+    let mut max_prompt_tokens = None;
+    let mut splits = Vec::new();
     let mut max_tokens = 16;
     let mut ignore_eos = false;
     let mut trace = TraceLevel::DEFAULT;
@@ -72,6 +98,16 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     _ => return Err(format!("--pipeline takes a number of stages, not {v:?}")),
                 }
             }
+            "--prompt-file" => prompts.push(PromptArg::File(value("--prompt-file")?.into())),
+            "--max-prompt-tokens" => {
+                max_prompt_tokens = Some(count("--max-prompt-tokens", &value(&flag)?)?);
+            }
+            "--decode-from" => {
+                splits.push(Split::DecodeFrom(count("--decode-from", &value(&flag)?)?));
+            }
+            "--prefill-chunk" => {
+                splits.push(Split::Chunks(count("--prefill-chunk", &value(&flag)?)?));
+            }
             "--trace-out" => trace_out = Some(value("--trace-out")?),
             "--capture" => capture = Some(value("--capture")?),
             // Test-only (not in the usage): the porting bugs to inject, `NAME[@LAYER][,...]`
@@ -82,8 +118,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "-h" | "--help" => return Err(String::new()),
             f if f.starts_with("--") => return Err(format!("unknown flag {f}")),
-            _ if prompt.is_some() => return Err("give the prompt as one argument".into()),
-            _ => prompt = Some(arg),
+            _ => prompts.push(PromptArg::Text(arg)),
         }
     }
     if logit_lens && pipeline.is_some() {
@@ -91,8 +126,28 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--logit-lens needs the whole model on one thread; leave out --pipeline".into(),
         );
     }
+    let split = match splits[..] {
+        [] => Split::Whole,
+        [split] => split,
+        _ => return Err("give one of --decode-from and --prefill-chunk, once".into()),
+    };
+    match prompts.len() {
+        0 => return Err("no prompt given".into()),
+        1 => {}
+        _ if pipeline.is_some() || logit_lens || split != Split::Whole => {
+            return Err(
+                "several prompts run as one batch, prefilled in one pass by the whole \
+                        model: leave out --pipeline, --logit-lens, --decode-from and \
+                        --prefill-chunk"
+                    .into(),
+            )
+        }
+        _ => {}
+    }
     Ok(Args {
-        prompt: prompt.ok_or("no prompt given")?,
+        prompts,
+        max_prompt_tokens,
+        split,
         max_tokens,
         ignore_eos,
         trace,
@@ -101,6 +156,14 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         trace_out,
         capture,
     })
+}
+
+/// `value` of `flag` as a number above 0.
+fn count(flag: &str, value: &str) -> Result<usize, String> {
+    match value.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag} takes a number above 0, not {value:?}")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -130,36 +193,134 @@ fn run(args: &Args) -> smollm::Result<()> {
     }
     let path = weights::locate_or_fetch()?;
     let (mut model, mut tokenizer) = load(&path)?;
+    // Pads a batch's shorter rows: any id of the vocabulary would do (the mask hides them).
+    let pad_id = tokenizer.eos_id;
     if args.ignore_eos {
         // `greedy` stops at the tokenizer's end-of-text id; no token has this one.
         tokenizer.eos_id = u32::MAX;
     }
-    let prompt_ids = smollm::generate::encode_prompt(&tokenizer, &args.prompt)?;
+    let prompts = read_prompts(args, &tokenizer)?;
     model.logit_lens = args.logit_lens;
 
     let level = args.trace.effective();
-    let settings = SessionSettings {
-        weights: path.display().to_string(),
-        prompt: args.prompt.clone(),
-        prompt_ids: format!("{prompt_ids:?}"),
-        trace_out: args.trace_out.clone(),
-        capture: args.capture.clone(),
-    };
-    let (generation, traces) = match args.pipeline {
-        None => generate_whole(model, &tokenizer, args, level.config(), &settings)?,
-        Some(stages) => {
-            generate_pipelined(model, stages, &tokenizer, args, level.config(), settings)?
+    let settings = SessionSettings::of_run(&path, &prompts, args);
+    let (outcome, traces) = match (&prompts[..], args.pipeline) {
+        ([prompt], None) => {
+            generate_whole(model, &tokenizer, prompt, args, level.config(), &settings)?
         }
+        ([prompt], Some(stages)) => generate_pipelined(
+            model,
+            stages,
+            &tokenizer,
+            prompt,
+            args,
+            level.config(),
+            settings,
+        )?,
+        (prompts, _) => generate_batch(model, prompts, pad_id, args, level.config(), &settings)?,
     };
-    println!("{}{}", args.prompt, generation.text);
+    outcome.print_text(&prompts, &tokenizer, args.logit_lens)?;
+    print_traces(&traces, level)?;
+    outcome.print_timing();
+    Ok(())
+}
 
-    if args.logit_lens {
-        println!("logit lens (top token per layer, first generated token):");
-        for (layer, &id) in generation.prefill_lens_top.iter().enumerate() {
-            println!("  layer {layer:2}: {:?}", tokenizer.decode(&[id])?);
+/// A prompt of the run: its text (as printed before the continuation) and its ids.
+struct Prompt {
+    text: String,
+    ids: Vec<u32>,
+}
+
+/// The prompts of the command line, read and encoded, each cut to `--max-prompt-tokens` ids (a
+/// prompt that was cut is its ids' text).
+fn read_prompts(args: &Args, tokenizer: &GgufTokenizer) -> smollm::Result<Vec<Prompt>> {
+    let mut prompts = Vec::with_capacity(args.prompts.len());
+    for prompt in &args.prompts {
+        let text = match prompt {
+            PromptArg::Text(text) => text.clone(),
+            PromptArg::File(path) => {
+                std::fs::read_to_string(path).map_err(|source| smollm::Error::PromptFile {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+        };
+        let mut ids = encode_prompt(tokenizer, &text)?;
+        match args.max_prompt_tokens {
+            Some(max) if ids.len() > max => {
+                ids.truncate(max);
+                prompts.push(Prompt {
+                    text: tokenizer.decode(&ids)?,
+                    ids,
+                });
+            }
+            _ => prompts.push(Prompt { text, ids }),
         }
     }
-    for trace in &traces {
+    Ok(prompts)
+}
+
+/// What the run generated: one prompt's continuation, or a batch's rows.
+enum Outcome {
+    One(Generation),
+    Batch {
+        /// Each row's generated ids.
+        rows: Vec<Vec<u32>>,
+        /// The batch's passes, all of them.
+        elapsed: Duration,
+    },
+}
+
+impl Outcome {
+    /// Each prompt followed by its continuation (a row's cut after its end-of-text token),
+    /// then, with the logit lens, each layer's top token.
+    fn print_text(
+        &self,
+        prompts: &[Prompt],
+        tokenizer: &GgufTokenizer,
+        logit_lens: bool,
+    ) -> smollm::Result<()> {
+        match self {
+            Self::One(generation) => {
+                println!("{}{}", prompts[0].text, generation.text);
+                if logit_lens {
+                    println!("logit lens (top token per layer, first generated token):");
+                    for (layer, &id) in generation.prefill_lens_top.iter().enumerate() {
+                        println!("  layer {layer:2}: {:?}", tokenizer.decode(&[id])?);
+                    }
+                }
+            }
+            Self::Batch { rows, .. } => {
+                for (prompt, row) in prompts.iter().zip(rows) {
+                    let end = row
+                        .iter()
+                        .position(|&id| id == tokenizer.eos_id)
+                        .map_or(row.len(), |at| at + 1);
+                    println!("{}{}", prompt.text, tokenizer.decode(&row[..end])?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn print_timing(&self) {
+        match self {
+            Self::One(generation) => print_decode_timing(generation),
+            Self::Batch { rows, elapsed } => println!(
+                "batch: {} rows, {} tokens each, in {:.1} ms (the prefill and {} decode passes)",
+                rows.len(),
+                rows.first().map_or(0, Vec::len),
+                elapsed.as_secs_f64() * 1e3,
+                rows.first().map_or(0, |row| row.len().saturating_sub(1)),
+            ),
+        }
+    }
+}
+
+/// Each session's summary (per stage for a pipeline), the quantization error per matmul kind
+/// at `full`, what was not recorded, and the trace files' sizes.
+fn print_traces(traces: &[Trace], level: TraceLevel) -> smollm::Result<()> {
+    for trace in traces {
         let Some((tracer, errors)) = &trace.traced else {
             continue;
         };
@@ -189,6 +350,10 @@ fn run(args: &Args) -> smollm::Result<()> {
             bytes as f64 / 1e6
         );
     }
+    Ok(())
+}
+
+fn print_decode_timing(generation: &Generation) {
     match (generation.median_decode(), generation.fastest_decode()) {
         (Some(median), Some(fastest)) => println!(
             "decode: {:.1} ms/token (median of {} steps, fastest {:.1} ms; prefill of {} tokens {:.1} ms)",
@@ -200,7 +365,6 @@ fn run(args: &Args) -> smollm::Result<()> {
         ),
         _ => println!("decode: no decode steps (--max-tokens below 2 or immediate EOS)"),
     }
-    Ok(())
 }
 
 /// The records of a trace file in a tracer, as the session would have kept them in memory: a
@@ -223,28 +387,66 @@ struct Trace {
     traced: Option<(ModelTracer, Vec<RecordError>)>,
 }
 
-/// Greedy decoding with the whole model on this thread, inside one session when traced.
+/// Greedy decoding of `prompt` with the whole model on this thread, inside one session when
+/// traced.
 fn generate_whole(
     mut model: Model,
     tokenizer: &GgufTokenizer,
+    prompt: &Prompt,
     args: &Args,
     config: Option<ModelTracerConfig>,
     settings: &SessionSettings,
-) -> smollm::Result<(Generation, Vec<Trace>)> {
+) -> smollm::Result<(Outcome, Vec<Trace>)> {
+    let (generation, trace) = traced(config, settings, || {
+        let ids = prompt.ids.clone();
+        greedy_split(&mut model, tokenizer, ids, args.split, args.max_tokens)
+    })?;
+    Ok((Outcome::One(generation?), vec![trace]))
+}
+
+/// A batch of `prompts` decoded together with the whole model on this thread, inside one
+/// session when traced.
+fn generate_batch(
+    mut model: Model,
+    prompts: &[Prompt],
+    pad_id: u32,
+    args: &Args,
+    config: Option<ModelTracerConfig>,
+    settings: &SessionSettings,
+) -> smollm::Result<(Outcome, Vec<Trace>)> {
+    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let started = Instant::now();
+    let (rows, trace) = traced(config, settings, || {
+        greedy_batch(&mut model, &ids, pad_id, args.max_tokens)
+    })?;
+    let outcome = Outcome::Batch {
+        rows: rows?,
+        elapsed: started.elapsed(),
+    };
+    Ok((outcome, vec![trace]))
+}
+
+/// `run` inside a session of `config` (none when `None`): what it returns, and what the session
+/// recorded.
+fn traced<T>(
+    config: Option<ModelTracerConfig>,
+    settings: &SessionSettings,
+    run: impl FnOnce() -> T,
+) -> smollm::Result<(T, Trace)> {
     let session = config
         .map(|config| settings.start(config, None))
         .transpose()?;
     let trace_file = session
         .as_ref()
         .and_then(|s| s.trace_file().map(|p| p.to_path_buf()));
-    let generation = greedy(&mut model, tokenizer, &args.prompt, args.max_tokens);
+    let value = run();
     let traced = session.map(Session::finish_with_errors);
     let trace = Trace {
         stage: None,
         trace_file,
         traced,
     };
-    Ok((generation?, vec![trace]))
+    Ok((value, trace))
 }
 
 /// Greedy decoding with the model cut into `stages` pipeline stages, each on a thread of its own
@@ -253,17 +455,19 @@ fn generate_pipelined(
     model: Model,
     stages: usize,
     tokenizer: &GgufTokenizer,
+    prompt: &Prompt,
     args: &Args,
     config: Option<ModelTracerConfig>,
     settings: SessionSettings,
-) -> smollm::Result<(Generation, Vec<Trace>)> {
+) -> smollm::Result<(Outcome, Vec<Trace>)> {
     let mut pipeline = match config {
         Some(config) => Pipeline::spawn_traced(model, stages, move |rank, world_size| {
             settings.start(config.clone(), Some((rank, world_size)))
         })?,
         None => Pipeline::spawn(model, stages)?,
     };
-    let generation = greedy(&mut pipeline, tokenizer, &args.prompt, args.max_tokens);
+    let ids = prompt.ids.clone();
+    let generation = greedy_split(&mut pipeline, tokenizer, ids, args.split, args.max_tokens);
     let traces = pipeline
         .finish()?
         .into_iter()
@@ -278,7 +482,7 @@ fn generate_pipelined(
             traced: stage.traced,
         })
         .collect();
-    Ok((generation?, traces))
+    Ok((Outcome::One(generation?), traces))
 }
 
 /// What the sessions of a traced run are told, on whichever thread they start.
@@ -291,6 +495,26 @@ struct SessionSettings {
 }
 
 impl SessionSettings {
+    /// The settings of a run of `weights` on `prompts` (several: a batch, their texts one a
+    /// line and their ids row by row).
+    fn of_run(weights: &Path, prompts: &[Prompt], args: &Args) -> Self {
+        let (prompt, prompt_ids) = match prompts {
+            [one] => (one.text.clone(), format!("{:?}", one.ids)),
+            _ => {
+                let texts: Vec<&str> = prompts.iter().map(|p| p.text.as_str()).collect();
+                let ids: Vec<&Vec<u32>> = prompts.iter().map(|p| &p.ids).collect();
+                (texts.join("\n"), format!("{ids:?}"))
+            }
+        };
+        Self {
+            weights: weights.display().to_string(),
+            prompt,
+            prompt_ids,
+            trace_out: args.trace_out.clone(),
+            capture: args.capture.clone(),
+        }
+    }
+
     /// A session of the run: the environment's settings, the command line's `--trace-out` and
     /// `--capture` over them, `rank` (rank, world size) for a pipeline stage, and what the header
     /// should say about the run. A trace file asked for on the command line must be writable; one
@@ -323,7 +547,7 @@ impl SessionSettings {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_args;
+    use super::{parse_args, PromptArg, Split};
 
     fn parse(args: &[&str]) -> Result<super::Args, String> {
         parse_args(args.iter().map(|a| (*a).to_owned()))
@@ -335,7 +559,7 @@ mod tests {
         assert_eq!((args.max_tokens, args.ignore_eos), (200, false));
         let args = parse(&["--max-tokens=1000", "--ignore-eos", "hi"]).unwrap();
         assert_eq!((args.max_tokens, args.ignore_eos), (1000, true));
-        assert_eq!(args.prompt, "hi");
+        assert_eq!(args.prompts, [PromptArg::Text("hi".into())]);
     }
 
     #[test]
@@ -354,5 +578,69 @@ mod tests {
             .err()
             .unwrap();
         assert!(error.contains("leave out --pipeline"), "{error}");
+    }
+
+    #[test]
+    fn prompts_come_from_arguments_and_files_in_their_order() {
+        let args = parse(&[
+            "a",
+            "--prompt-file",
+            "b.txt",
+            "c",
+            "--max-prompt-tokens=600",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.prompts,
+            [
+                PromptArg::Text("a".into()),
+                PromptArg::File("b.txt".into()),
+                PromptArg::Text("c".into())
+            ]
+        );
+        assert_eq!(args.max_prompt_tokens, Some(600));
+        assert_eq!(args.split, Split::Whole);
+        assert_eq!(
+            parse(&["--max-tokens", "2"]).err().unwrap(),
+            "no prompt given"
+        );
+    }
+
+    #[test]
+    fn a_prompt_is_prefilled_from_k_or_in_chunks_not_both() {
+        let args = parse(&["--decode-from", "500", "hi"]).unwrap();
+        assert_eq!(args.split, Split::DecodeFrom(500));
+        let args = parse(&["--prefill-chunk=64", "hi"]).unwrap();
+        assert_eq!(args.split, Split::Chunks(64));
+        let error = parse(&["--decode-from", "5", "--prefill-chunk", "2", "hi"])
+            .err()
+            .unwrap();
+        assert!(
+            error.contains("one of --decode-from and --prefill-chunk"),
+            "{error}"
+        );
+        for flag in ["--decode-from", "--prefill-chunk", "--max-prompt-tokens"] {
+            let error = parse(&[flag, "0", "hi"]).err().unwrap();
+            assert_eq!(error, format!("{flag} takes a number above 0, not \"0\""));
+        }
+    }
+
+    #[test]
+    fn several_prompts_are_a_batch_of_the_whole_model_prefilled_in_one_pass() {
+        assert_eq!(parse(&["a", "b", "c"]).unwrap().prompts.len(), 3);
+        for flags in [
+            &["--pipeline", "2"][..],
+            &["--logit-lens"],
+            &["--decode-from", "1"],
+            &["--prefill-chunk", "1"],
+        ] {
+            let mut args = flags.to_vec();
+            args.extend(["a", "b"]);
+            let error = parse(&args).err().unwrap();
+            assert!(
+                error.starts_with("several prompts run as one batch"),
+                "{error}"
+            );
+        }
     }
 }
