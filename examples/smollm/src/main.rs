@@ -121,33 +121,10 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             _ => prompts.push(PromptArg::Text(arg)),
         }
     }
-    if logit_lens && pipeline.is_some() {
-        return Err(
-            "--logit-lens needs the whole model on one thread; leave out --pipeline".into(),
-        );
-    }
-    let split = match splits[..] {
-        [] => Split::Whole,
-        [split] => split,
-        _ => return Err("give one of --decode-from and --prefill-chunk, once".into()),
-    };
-    match prompts.len() {
-        0 => return Err("no prompt given".into()),
-        1 => {}
-        _ if pipeline.is_some() || logit_lens || split != Split::Whole => {
-            return Err(
-                "several prompts run as one batch, prefilled in one pass by the whole \
-                        model: leave out --pipeline, --logit-lens, --decode-from and \
-                        --prefill-chunk"
-                    .into(),
-            )
-        }
-        _ => {}
-    }
-    Ok(Args {
+    Args {
         prompts,
         max_prompt_tokens,
-        split,
+        split: one_split(&splits)?,
         max_tokens,
         ignore_eos,
         trace,
@@ -155,7 +132,42 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         pipeline,
         trace_out,
         capture,
-    })
+    }
+    .checked()
+}
+
+/// The split `--decode-from` or `--prefill-chunk` asks for (one of them, once), else one pass.
+fn one_split(splits: &[Split]) -> Result<Split, String> {
+    match splits {
+        [] => Ok(Split::Whole),
+        [split] => Ok(*split),
+        _ => Err("give one of --decode-from and --prefill-chunk, once".into()),
+    }
+}
+
+impl Args {
+    /// The arguments, or why they do not go together.
+    fn checked(self) -> Result<Self, String> {
+        if self.logit_lens && self.pipeline.is_some() {
+            return Err(
+                "--logit-lens needs the whole model on one thread; leave out --pipeline".into(),
+            );
+        }
+        let batch = self.prompts.len() > 1;
+        if self.prompts.is_empty() {
+            Err("no prompt given".into())
+        } else if batch
+            && (self.pipeline.is_some() || self.logit_lens || self.split != Split::Whole)
+        {
+            Err(
+                "several prompts run as one batch, prefilled in one pass by the whole model: \
+                 leave out --pipeline, --logit-lens, --decode-from and --prefill-chunk"
+                    .into(),
+            )
+        } else {
+            Ok(self)
+        }
+    }
 }
 
 /// `value` of `flag` as a number above 0.
