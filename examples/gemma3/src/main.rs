@@ -49,6 +49,15 @@ struct Args {
     /// `MODEL_TRACE_CAPTURE`).
     #[arg(long, value_name = "PATTERN")]
     capture: Option<String>,
+    /// Summarise every layer tensor row by row too (each position's norm, sketch and
+    /// fingerprint, about 130 bytes a row), so that `model-trace diff` can compare this run
+    /// with another that split the same tokens into other passes, position by position.
+    #[arg(long)]
+    rows: bool,
+    /// Run every matmul on its dequantized f32 weight: no 8-bit rounding of the activations,
+    /// so a comparison by position has f32 rounding as its floor.
+    #[arg(long)]
+    dequantize: bool,
     /// Gemma's porting bugs to inject, `NAME[@LAYER][,...]` (`gemma3::bugs`), for the whole
     /// process (for the tests).
     #[arg(long, value_name = "BUGS", hide = true)]
@@ -142,6 +151,9 @@ impl Prompt {
 fn run(args: &Args, texts: &[String]) -> gemma3::Result<()> {
     let path = weights::locate_or_fetch()?;
     let (mut model, tokenizer) = load(&path)?;
+    if args.dequantize {
+        model.dequantize_matmuls()?;
+    }
     model.logit_lens = args.logit_lens;
     let prompts = texts
         .iter()
@@ -195,6 +207,7 @@ fn start_session(
     }
     let config = ModelTracerConfig {
         trace_quant_error: !args.no_quant,
+        row_summaries: args.rows,
         ..ModelTracerConfig::full()
     };
     let prompt = match prompts {
@@ -206,7 +219,11 @@ fn start_session(
         .weights(weights.display().to_string())
         .model("Gemma 3 270M (Q4_K_M GGUF)")
         .prompt(prompt)
-        .dtype("Q4_K, Q5_0, Q6_K and Q8_0 weights, f32 activations")
+        .dtype(if args.dequantize {
+            "f32 weights dequantized from Q4_K, Q5_0, Q6_K and Q8_0, f32 activations"
+        } else {
+            "Q4_K, Q5_0, Q6_K and Q8_0 weights, f32 activations"
+        })
         .device("cpu");
     if let Some(capture) = &args.capture {
         builder = builder.capture(capture.clone());

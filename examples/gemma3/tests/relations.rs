@@ -1,15 +1,14 @@
-//! The port against itself, on the real Gemma 3 270M weights, in plain candle (no tracing): the
-//! same tokens computed two ways agree. One prefill pass and a prefill plus one-token decode
-//! steps, or chunks through the KV cache, give the same last logits; a batch of left-padded
-//! prompts decoded together gives each row the tokens its prompt gets alone. The traced
-//! comparison of every stage is the facade's; this checks the paths exist and agree.
+//! The batch path on the real Gemma 3 270M weights as shipped (quantized), in plain candle (no
+//! tracing): a batch of left-padded prompts decoded together gives each row the greedy tokens
+//! its prompt gets alone, and prefill logits within [`SPLIT_TOLERANCE`]. The relations traced
+//! stage by stage, on the dequantized weights where their floor is f32 rounding, are
+//! `tests/consistency.rs` and `tests/consistency_bugs.rs`; this says why they dequantize.
 
 mod common;
 
 use common::{model, relative_error};
 use gemma3::generate::greedy_ids;
-use gemma3::model::argmax;
-use gemma3::passes::{greedy_batch, left_padded, run_split, Split};
+use gemma3::passes::{greedy_batch, left_padded, Split};
 
 /// How far a split's last logits may be from the whole pass's, relative to the largest logit.
 ///
@@ -26,12 +25,11 @@ use gemma3::passes::{greedy_batch, left_padded, run_split, Split};
 /// layers at 1.7e-2 (7e-4 after the first). A padded row's stages are 5e-9 to 5e-8 from the
 /// prompt alone's in layers 0 to 3.
 ///
-/// So this bound catches what moves the logits by more than that (measured by
-/// `tests/bug_paths.rs`: a rotary offset lost or doubled in decode steps 0.80 and 0.31; the KV
-/// cache written one early 0.24; a mask from another row 0.85), and the argmax must agree. The
-/// smaller bugs (an f16 cache: 4.8e-2 here, a batch's rotary ignoring the padding: 2.0e-2) are
-/// left to the traced comparison of each stage: a decode step's layers 0 to 2 are within 2e-7
-/// of the one pass's, layer 3 at 3e-4, the later ones at 2e-3 to 9e-3 (of each layer's output).
+/// So with the quantized kernels this bound catches only what moves the logits by more than
+/// that (a rotary offset lost or doubled in decode steps: 0.80 and 0.31; the KV cache written
+/// one early: 0.24; a mask from another row: 0.85), not an f16 cache (4.8e-2). On the
+/// dequantized weights the same relations hold within 2.3e-5 at every stage, and every one of
+/// those bugs is named at its first position and layer (`tests/consistency_bugs.rs`).
 const SPLIT_TOLERANCE: f32 = 0.1;
 
 /// Three prompts of different lengths, so that two rows of a batch are padded, by different
@@ -41,20 +39,6 @@ const PROMPTS: [&str; 3] = [
     "In the beginning the Universe was created. This has made a lot of people very angry and",
     "Water boils at",
 ];
-
-/// A prompt of 30 tokens, `<bos>` included: long enough for chunks that do not divide it.
-const LONG_PROMPT: &str = "The quick brown fox jumps over the lazy dog. A journey of a \
-    thousand miles begins with a single step, and the longest river in Africa is";
-
-#[test]
-fn a_prefill_and_decode_steps_give_the_logits_of_one_pass() {
-    assert_splits_agree_with_one_pass(&[Split::DecodeFrom(24), Split::DecodeFrom(29)]);
-}
-
-#[test]
-fn a_prefill_in_chunks_gives_the_logits_of_one_pass() {
-    assert_splits_agree_with_one_pass(&[Split::Chunks(16), Split::Chunks(7)]);
-}
 
 #[test]
 fn a_batch_gives_each_row_the_greedy_tokens_of_its_prompt_alone() {
@@ -81,26 +65,5 @@ fn a_batch_gives_each_row_the_greedy_tokens_of_its_prompt_alone() {
         let error = relative_error(&batch.get(row).unwrap(), &alone);
         eprintln!("batch row {row}: {error:.2e} of the largest logit from the prompt alone");
         assert!(error < SPLIT_TOLERANCE, "row {row}: {error:e}");
-    }
-}
-
-/// Runs `LONG_PROMPT` whole and in each of `splits`: the same next token, and last logits
-/// within [`SPLIT_TOLERANCE`].
-fn assert_splits_agree_with_one_pass(splits: &[Split]) {
-    let mut guard = model();
-    let (model, tokenizer) = &mut *guard;
-    let ids = tokenizer.encode(LONG_PROMPT).unwrap();
-    assert_eq!(ids.len(), 30);
-    let whole = run_split(model, &ids, Split::Whole).unwrap();
-    for &split in splits {
-        let logits = run_split(model, &ids, split).unwrap();
-        let error = relative_error(&logits, &whole);
-        eprintln!("{split:?}: {error:.2e} of the largest logit from one pass");
-        assert_eq!(
-            argmax(&logits).unwrap(),
-            argmax(&whole).unwrap(),
-            "{split:?}"
-        );
-        assert!(error < SPLIT_TOLERANCE, "{split:?}: {error:e}");
     }
 }

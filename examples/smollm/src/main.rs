@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
                      [--trace off|lightweight|full-noquant|full] [--logit-lens] [--pipeline N] \
-                     [--trace-out FILE [--capture PATTERN]] [--max-prompt-tokens N] \
+                     [--trace-out FILE [--capture PATTERN]] [--rows] [--dequantize] \
+                     [--max-prompt-tokens N] \
                      [--decode-from K | --prefill-chunk C] PROMPT... (or --prompt-file PATH)\n\
                      --prompt-file reads a prompt from a file (a prompt argument of its own, \
                      in its place among the others); --max-prompt-tokens cuts each prompt's ids \
@@ -29,6 +30,10 @@ const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
                      --trace defaults to full when built with --features trace, else off;\n\
                      --trace-out writes the trace file (also MODEL_TRACE_OUT=FILE), --capture saves \
                      the tensors it selects in full beside it (also MODEL_TRACE_CAPTURE);\n\
+                     --rows summarises every layer tensor row by row too (each position's norm, \
+                     sketch and fingerprint), for `model-trace diff` by position; --dequantize \
+                     runs every matmul on its dequantized f32 weight (no 8-bit rounding of the \
+                     activations: the floor of a comparison by position drops to f32 rounding);\n\
                      --pipeline runs the model as N stages of consecutive layers (2: layers 0-14 \
                      and 15-29), each on a thread of its own and traced as rank r of N: \
                      --trace-out run.ndjson writes run.rank0.ndjson, run.rank1.ndjson, ... \
@@ -57,6 +62,10 @@ struct Args {
     pipeline: Option<usize>,
     trace_out: Option<String>,
     capture: Option<String>,
+    /// `--rows`: every layer tensor summarised row by row too.
+    rows: bool,
+    /// `--dequantize`: every matmul on its dequantized f32 weight.
+    dequantize: bool,
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -69,6 +78,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut logit_lens = false;
     let mut pipeline = None;
     let (mut trace_out, mut capture) = (None, None);
+    let (mut rows, mut dequantize) = (false, false);
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -110,6 +120,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--trace-out" => trace_out = Some(value("--trace-out")?),
             "--capture" => capture = Some(value("--capture")?),
+            "--rows" => rows = true,
+            "--dequantize" => dequantize = true,
             // Test-only (not in the usage): the porting bugs to inject, `NAME[@LAYER][,...]`
             // (`smollm::bugs`), for the whole process.
             "--inject-bug" => {
@@ -132,6 +144,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         pipeline,
         trace_out,
         capture,
+        rows,
+        dequantize,
     }
     .checked()
 }
@@ -205,6 +219,9 @@ fn run(args: &Args) -> smollm::Result<()> {
     }
     let path = weights::locate_or_fetch()?;
     let (mut model, mut tokenizer) = load(&path)?;
+    if args.dequantize {
+        model.dequantize_matmuls()?;
+    }
     // Pads a batch's shorter rows: any id of the vocabulary would do (the mask hides them).
     let pad_id = tokenizer.eos_id;
     if args.ignore_eos {
@@ -215,10 +232,14 @@ fn run(args: &Args) -> smollm::Result<()> {
     model.logit_lens = args.logit_lens;
 
     let level = args.trace.effective();
+    let config = level.config().map(|config| ModelTracerConfig {
+        row_summaries: args.rows,
+        ..config
+    });
     let settings = SessionSettings::of_run(&path, &prompts, args);
     let (outcome, traces) = match (&prompts[..], args.pipeline) {
         ([prompt], None) => {
-            generate_whole(model, &tokenizer, prompt, args, level.config(), &settings)?
+            generate_whole(model, &tokenizer, prompt, args, config.clone(), &settings)?
         }
         ([prompt], Some(stages)) => generate_pipelined(
             model,
@@ -226,10 +247,10 @@ fn run(args: &Args) -> smollm::Result<()> {
             &tokenizer,
             prompt,
             args,
-            level.config(),
+            config.clone(),
             settings,
         )?,
-        (prompts, _) => generate_batch(model, prompts, pad_id, args, level.config(), &settings)?,
+        (prompts, _) => generate_batch(model, prompts, pad_id, args, config.clone(), &settings)?,
     };
     outcome.print_text(&prompts, &tokenizer, args.logit_lens)?;
     print_traces(&traces, level)?;
@@ -504,6 +525,8 @@ struct SessionSettings {
     prompt_ids: String,
     trace_out: Option<String>,
     capture: Option<String>,
+    /// What the header says of the weights' precision.
+    dtype: &'static str,
 }
 
 impl SessionSettings {
@@ -524,6 +547,11 @@ impl SessionSettings {
             prompt_ids,
             trace_out: args.trace_out.clone(),
             capture: args.capture.clone(),
+            dtype: if args.dequantize {
+                "f32 weights dequantized from Q4_1 and Q8_0, f32 activations"
+            } else {
+                "Q4_1 and Q8_0 weights, f32 activations"
+            },
         }
     }
 
@@ -542,7 +570,7 @@ impl SessionSettings {
             .from_env()
             .model("SmolLM2-135M-Instruct (Q4_1 GGUF)")
             .prompt(self.prompt.clone())
-            .dtype("Q4_1 and Q8_0 weights, f32 activations")
+            .dtype(self.dtype)
             .device("cpu");
         if let Some((rank, world_size)) = rank {
             builder = builder.rank(rank, world_size);

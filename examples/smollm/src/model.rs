@@ -161,6 +161,21 @@ impl QuantLinear {
             .ok_or_else(|| candle_core::Error::Msg("dequantized weight vanished".into()))
     }
 
+    /// Replaces the quantized kernel by an f32 matmul on the dequantized weight (what
+    /// `CANDLE_DEQUANTIZE_ALL=1` makes candle's `QMatMul::from_arc` do): the same weights, no
+    /// 8-bit rounding of the activations.
+    pub fn dequantize(&mut self) -> Result<()> {
+        let weight = self.weight.dequantize(&self.weight.device())?;
+        self.matmul = QMatMul::Tensor(weight);
+        Ok(())
+    }
+
+    /// Whether [`dequantize`](Self::dequantize) (or `CANDLE_DEQUANTIZE_ALL`) made it an f32
+    /// matmul.
+    pub fn is_dequantized(&self) -> bool {
+        !matches!(self.matmul, QMatMul::QTensor(_))
+    }
+
     /// The GGUF tensor name, e.g. `blk.3.attn_q.weight`.
     pub fn name(&self) -> &str {
         &self.name
@@ -849,6 +864,29 @@ impl Model {
     }
 
     /// Every quantized matmul, in execution order within a block, the head last.
+    /// Runs every matmul on its dequantized f32 weight from now on
+    /// ([`QuantLinear::dequantize`]): the relations between passes (one prefill against a
+    /// prefill and decode steps, chunks, a batch) then hold to f32 rounding, where the 8-bit
+    /// rounding of each quantized matmul's input turns a kernel's rounding difference between
+    /// one row and many into a quantization step now and then.
+    pub fn dequantize_matmuls(&mut self) -> Result<()> {
+        for block in &mut self.blocks {
+            let (attn, mlp) = (&mut block.attn, &mut block.mlp);
+            for linear in [
+                &mut attn.q,
+                &mut attn.k,
+                &mut attn.v,
+                &mut attn.o,
+                &mut mlp.gate,
+                &mut mlp.up,
+                &mut mlp.down,
+            ] {
+                linear.dequantize()?;
+            }
+        }
+        self.output.head.dequantize()
+    }
+
     pub fn quant_linears(&self) -> Vec<&QuantLinear> {
         let mut all: Vec<&QuantLinear> = Vec::with_capacity(self.blocks.len() * 7 + 1);
         for block in &self.blocks {

@@ -68,12 +68,15 @@ impl RowSummaries {
         summaries
     }
 
-    /// The rows of a tensor of `shape` (`[.., rows, width]`), its last dimension the width;
-    /// `None` for a tensor of fewer than two dimensions, which has no rows to tell apart.
+    /// The rows of a tensor of `shape`, `[seq, width]` or `[batch, seq, width]`: one a token.
+    /// `None` for any other rank, whose token axis cannot be told from the shape (a
+    /// `[batch, seq, heads, head_dim]` tensor's rows would be heads, a `[batch, heads, seq,
+    /// head_dim]` one's would put heads where the batch is): such tensors are left out of
+    /// comparisons by position rather than compared wrongly.
     #[must_use]
     pub fn of_shape(values: &[f32], shape: &[usize]) -> Option<Self> {
         match shape {
-            [.., _, width] if *width > 0 => Some(Self::of(values, *width)),
+            [_, width] | [_, _, width] if *width > 0 => Some(Self::of(values, *width)),
             _ => None,
         }
     }
@@ -176,6 +179,9 @@ mod tests {
         let norm = values[4..8].iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((whole.norm[1] - norm).abs() < 1e-6);
         assert!(RowSummaries::of_shape(&values, &[12]).is_none());
+        // A token's row spans its heads: a 4-D tensor's rows are not tokens.
+        assert!(RowSummaries::of_shape(&values, &[1, 3, 2, 2]).is_none());
+        assert_eq!(RowSummaries::of_shape(&values, &[3, 4]).unwrap().len(), 3);
     }
 
     #[test]

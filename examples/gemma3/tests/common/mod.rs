@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The model and its tokenizer, loaded once for the tests of this binary; a test holds the
 /// guard for its whole run.
+#[allow(dead_code)] // the relations use the dequantized one
 pub fn model() -> MutexGuard<'static, (Model, GgufTokenizer)> {
     static MODEL: OnceLock<Mutex<(Model, GgufTokenizer)>> = OnceLock::new();
     MODEL
@@ -17,6 +18,25 @@ pub fn model() -> MutexGuard<'static, (Model, GgufTokenizer)> {
             let loaded =
                 load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
             Mutex::new(loaded)
+        })
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// [`model`], but a model of its own with every matmul on its dequantized f32 weight
+/// ([`Model::dequantize_matmuls`]), for the relations between passes.
+#[allow(dead_code)] // not every test binary dequantizes
+pub fn dequantized_model() -> MutexGuard<'static, (Model, GgufTokenizer)> {
+    static MODEL: OnceLock<Mutex<(Model, GgufTokenizer)>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = gemma3::weights::find_gguf().unwrap_or_else(|e| panic!("{e}"));
+            let (mut model, tokenizer) =
+                load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
+            model
+                .dequantize_matmuls()
+                .unwrap_or_else(|e| panic!("cannot dequantize: {e}"));
+            Mutex::new((model, tokenizer))
         })
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
