@@ -711,6 +711,15 @@ impl PositionComparison {
                  {actual}): later positions were not compared"
             );
         }
+        if self.first.is_some() {
+            let _ = writeln!(
+                text,
+                "note: a model whose matmuls round their input to 8 bits (quantized GGUF kernels) \
+                 turns a kernel's rounding difference between one row and many into a \
+                 quantization step now and then, anywhere past the first layers: compare it on \
+                 dequantized weights (CANDLE_DEQUANTIZE_ALL=1) before reading this as a bug"
+            );
+        }
         if self.unpaired > 0 {
             let _ = writeln!(
                 text,
