@@ -192,7 +192,10 @@
 //! each closure runs in a session that records every layer tensor row by row
 //! (`ModelTracerConfig::row_summaries`), and the check panics naming the first position, layer
 //! and stage past tolerance (with the pass of each side), which is where a KV-cache, rotary
-//! offset, mask or padding bug first shows. `model-trace diff` does the same with two trace
+//! offset, mask or padding bug first shows. The model says where each pass begins
+//! (`#[trace_model(position = ..)]`) and its tokens (`tokens = ..`), and records its layer
+//! tensors as `[seq, width]` or `[batch, seq, width]` (the module's docs say why and how).
+//! `model-trace diff` does the same with two trace
 //! files written with rows (by position by itself when their passes differ; `--batch` for a
 //! batch):
 //!

@@ -354,3 +354,56 @@ fn runs_without_rows_or_with_another_batch_size_are_errors_that_say_so() {
         "{error}"
     );
 }
+
+/// A pass that does not say its position (it is then at its number) over `ids`.
+#[trace_model(tokens = ids)]
+fn unpositioned(ids: &[u32]) {
+    unpositioned_layer(ids);
+}
+
+#[trace_layer(index = 0)]
+fn unpositioned_layer(ids: &[u32]) {
+    let values: Vec<f32> = ids.iter().flat_map(|&t| embed(t)).collect();
+    trace_tensor!(
+        "attn_in",
+        &TensorRef::new(&values, &[1, ids.len(), HIDDEN]).unwrap()
+    );
+}
+
+#[test]
+fn passes_without_their_position_are_an_error_not_a_verdict() {
+    let ids = tokens(6);
+    let (_, _, outcome) = Consistency::new("prefill + decode = one pass").compare(
+        || unpositioned(&ids),
+        || {
+            unpositioned(&ids[..4]);
+            unpositioned(&ids[4..5]);
+            unpositioned(&ids[5..]);
+        },
+    );
+    let error = outcome.unwrap_err().to_string();
+    assert!(
+        error.contains("recorded position 1 of sequence 0 twice"),
+        "{error}"
+    );
+    assert!(error.contains("`position = ..`"), "{error}");
+}
+
+#[test]
+fn a_run_that_stops_early_fails_the_check() {
+    let ids = tokens(20);
+    let model = std::cell::RefCell::new(Model::new(Bug::None));
+    let (_, _, outcome) = Consistency::new("prefill + decode = one pass").compare(
+        || model.borrow_mut().run(&ids, 20, 1),
+        || model.borrow_mut().run(&ids[..15], 10, 1),
+    );
+    let comparison = outcome.unwrap();
+    assert!(comparison.first.is_none());
+    assert_eq!(comparison.unpaired, 5 * LAYERS * 3);
+    assert!(comparison.diverged());
+    let text = comparison.describe("one pass", "prefill + decode");
+    assert!(
+        text.contains("the runs do not cover the same positions"),
+        "{text}"
+    );
+}

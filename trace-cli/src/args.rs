@@ -129,7 +129,12 @@ pub(crate) struct DiffArgs {
     pub(crate) batch: Option<PathBuf>,
     /// The largest relative L2 error of a row (estimated from the rows' sketches) in a
     /// comparison by position or of a batch.
-    #[arg(long, value_name = "RTOL", default_value_t = DEFAULT_ROW_RTOL)]
+    #[arg(
+        long,
+        value_name = "RTOL",
+        default_value_t = DEFAULT_ROW_RTOL,
+        value_parser = row_tolerance
+    )]
     pub(crate) row_rtol: f64,
     /// The pass whose per-layer table is shown (default: the first divergence's, else the
     /// one with the largest error).
@@ -346,5 +351,13 @@ impl TypedValueParser for ErrorStatArgument {
         Some(Box::new(ErrorStat::ALL.into_iter().map(|stat| {
             PossibleValue::new(stat.name()).help(stat.description())
         })))
+    }
+}
+
+/// `--row-rtol`: a number of at least 0 (a NaN would let every row pass).
+fn row_tolerance(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rtol) if rtol >= 0.0 => Ok(rtol),
+        _ => Err(format!("`{text}` is not a number of at least 0")),
     }
 }

@@ -50,7 +50,7 @@ struct Args {
     #[arg(long, value_name = "PATTERN")]
     capture: Option<String>,
     /// Summarise every layer tensor row by row too (each position's norm, sketch and
-    /// fingerprint, about 130 bytes a row), so that `model-trace diff` can compare this run
+    /// fingerprint, about 113 bytes a row), so that `model-trace diff` can compare this run
     /// with another that split the same tokens into other passes, position by position.
     #[arg(long)]
     rows: bool,

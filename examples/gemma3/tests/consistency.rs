@@ -1,7 +1,7 @@
-//! Gemma 3 against itself, traced row by row (`model_trace::consistency`), on its real
-//! weights dequantized to f32 ([`Model::dequantize_matmuls`]): 600 tokens of `LICENSE-APACHE`
-//! in one pass against a prefill of 500 and 100 decode steps (past the 512-key sliding window), against chunks of
-//! 128, and a left-padded batch of three prompts decoded together against each prompt alone.
+//! Gemma 3 against itself, traced row by row (`model_trace::consistency`), on its real weights
+//! dequantized to f32 ([`Model::dequantize_matmuls`]): 600 tokens of `LICENSE-APACHE` in one pass
+//! against a prefill of 500 and 100 decode steps (past the 512-key sliding window), against chunks
+//! of 128, and a left-padded batch of three prompts decoded together against each prompt alone.
 //! Every layer tensor with token rows at every position agrees within [`TOLERANCE`]. Missing
 //! weights fail the tests: run `scripts/fetch-models` first.
 //!
@@ -47,7 +47,8 @@ fn check(relation: &str, split: Split) -> PositionComparison {
         comparison.bit_identical,
         comparison.compared
     );
-    // 600 positions x 18 layers x 9 tensors with rows (input, 7 stages, output; not the per-head `q_norm`, `k_norm`).
+    // 600 positions x 18 layers x 9 tensors with rows (input, 7 stages, output; not the
+    // per-head `q_norm`, `k_norm`).
     assert_eq!(comparison.compared, TOKENS * 18 * 9, "{relation}");
     assert!(comparison.tokens_checked);
     comparison

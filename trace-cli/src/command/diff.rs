@@ -89,8 +89,22 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
 /// and their passes differ (then a comparison pass by pass would pair nothing).
 fn by_position(args: &DiffArgs, other: &Path) -> Result<Option<PositionReport>, InputError> {
     let asked = args.by_position;
-    let with_rows = asked || (TraceRows::recorded(&args.reference)? && TraceRows::recorded(other)?);
-    if !with_rows {
+    let recorded = (
+        TraceRows::recorded(&args.reference)?,
+        TraceRows::recorded(other)?,
+    );
+    if !asked && recorded.0 != recorded.1 {
+        eprintln!(
+            "model-trace: warning: only {} has row summaries: compared pass by pass (record both \
+             with rows to compare them by position)",
+            if recorded.0 {
+                args.reference.display()
+            } else {
+                other.display()
+            }
+        );
+    }
+    if !(asked || (recorded.0 && recorded.1)) {
         return Ok(None);
     }
     let (expected, actual) = (TraceRows::read(&args.reference)?, TraceRows::read(other)?);

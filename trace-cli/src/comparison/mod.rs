@@ -1,16 +1,16 @@
 //! Two traces compared: what `diff` prints, and what `report --against` puts on its page.
 //!
-//! The comparison streams, one idea a file in the order the work goes: `stream` reads each
-//! trace on a thread of its own (the ranks of a run merged pass by pass) and hands each pass's
-//! tensors on when the pass is complete; `findings` compares the passes as they come and folds
-//! them into what the report needs (the counts, the first divergence, one row per pass, the
-//! tensors of the pass the per-layer table is about, and the first [`LISTED`] unmatched tensors
-//! and warnings of each kind), with the tolerance a floor's trace sets each tensor (`floor`)
-//! and the tokens each run chose (`tokens`); `diff_report` is what the comparison reports (the
-//! JSON) and `text` how it reads; `isolated` sets an isolated run's errors beside the plain
-//! run's, layer by layer (`diff --isolated`); `positions` compares runs of one model row by row
-//! at each token's position, when their passes differ (`diff --by-position`, `diff --batch`). Memory does not grow with the tensors of a pass
-//! times the passes.
+//! The comparison streams, one idea a file in the order the work goes: `stream` reads each trace on
+//! a thread of its own (the ranks of a run merged pass by pass) and hands each pass's tensors on
+//! when the pass is complete; `findings` compares the passes as they come and folds them into what
+//! the report needs (the counts, the first divergence, one row per pass, the tensors of the pass
+//! the per-layer table is about, and the first [`LISTED`] unmatched tensors and warnings of each
+//! kind), with the tolerance a floor's trace sets each tensor (`floor`) and the tokens each run
+//! chose (`tokens`); `diff_report` is what the comparison reports (the JSON) and `text` how it
+//! reads; `isolated` sets an isolated run's errors beside the plain run's, layer by layer (`diff
+//! --isolated`); `positions` compares runs of one model row by row at each token's position, when
+//! their passes differ (`diff --by-position`, `diff --batch`). Memory does not grow with the
+//! tensors of a pass times the passes.
 
 mod diff_report;
 mod findings;

@@ -36,10 +36,44 @@
 //! println!("floor: {:.2e}", agreement.comparison.max_error());
 //! ```
 //!
-//! [`Consistency::check_batch`] takes the runs alone and the batch. The model must say where
-//! each pass begins (`#[trace_model(position = ..)]`) and should say its tokens (`tokens = ..`:
-//! then the runs' tokens are checked too, and a batch row's left padding is found from them).
-//! Sessions ignore `MODEL_TRACE` and the other environment variables, like a golden check's.
+//! What the model must record:
+//!
+//! - **Where each pass begins**: `#[trace_model(position = ..)]`, the position of the pass's
+//!   first token (of a batch: its first column, padding included: 0 for the prefill, then the
+//!   padded width, and one more each decode step). Without it a pass is at its number, and the
+//!   check fails saying that a position was recorded twice.
+//! - **Its layer tensors as `[seq, width]` or `[batch, seq, width]`**: a token's row is the last
+//!   dimension (a `Vec<f32>` has no rows: give its shape, `TensorRef::new(&values, &[seq,
+//!   hidden])`, or use a tensor type). Tensors of other ranks (per-head ones) are left out and
+//!   said to be.
+//! - **Its tokens**, best: `#[trace_model(tokens = ..)]`, a batch's rows one after another with
+//!   their padding ids. Then the runs' tokens are checked (a position holding other tokens ends
+//!   the comparison there, and fails it), and a batch row's left padding (its first pass's width
+//!   less the prompt's, the prompt being its run alone's first pass) is checked against them.
+//!
+//! A batch against its prompts alone, the closures alone in the batch's row order:
+//!
+//! ```no_run
+//! # use trace_runtime as model_trace;
+//! # struct Model;
+//! # impl Model {
+//! #     fn generate(&mut self, _: &[u32], _: usize) -> Vec<u32> { Vec::new() }
+//! #     fn generate_batch(&mut self, _: &[Vec<u32>], _: usize) -> Vec<Vec<u32>> { Vec::new() }
+//! # }
+//! # let prompts: Vec<Vec<u32>> = Vec::new();
+//! use model_trace::consistency::Consistency;
+//!
+//! let model = std::cell::RefCell::new(Model);
+//! let agreement = Consistency::new("a batch = each prompt alone").check_batch(
+//!     prompts.iter().map(|prompt| || model.borrow_mut().generate(prompt, 8)),
+//!     || model.borrow_mut().generate_batch(&prompts, 8),
+//! );
+//! assert_eq!(agreement.expected.len(), prompts.len());
+//! ```
+//!
+//! The check fails on a row past tolerance, on tokens that differ, on rows of the expected run
+//! that the other lacks, and when nothing at all was compared. Sessions ignore `MODEL_TRACE`
+//! and the other environment variables, like a golden check's.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -84,9 +118,15 @@ impl Consistency {
         }
     }
 
-    /// The largest relative error a row may have ([`Row::relative_error`](crate::Row::relative_error)).
+    /// The largest relative error a row may have
+    /// ([`Row::relative_error`](crate::Row::relative_error)); 0 asks for the same bits. Panics if it is negative or not a number (every row would pass).
     #[must_use]
+    #[track_caller]
     pub fn rtol(mut self, rtol: f64) -> Self {
+        assert!(
+            rtol >= 0.0,
+            "consistency tolerance must be a number of at least 0, not {rtol}"
+        );
         self.rtol = rtol;
         self
     }
@@ -186,16 +226,10 @@ impl Consistency {
             Ok(comparison) => comparison,
             Err(error) => panic!("consistency check {:?}: {error}", self.relation),
         };
+        // Rows past tolerance, tokens that differ, rows one run lacks, or none compared.
         if comparison.diverged() {
             panic!(
                 "consistency check failed: {}\n{}",
-                self.relation,
-                comparison.describe(labels.0, labels.1)
-            );
-        }
-        if comparison.compared == 0 {
-            panic!(
-                "consistency check {:?}: no rows at the same positions were compared\n{}",
                 self.relation,
                 comparison.describe(labels.0, labels.1)
             );

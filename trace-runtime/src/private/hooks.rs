@@ -162,7 +162,7 @@ pub fn record_attention(
         (
             layer,
             s.config.attention_config.clone(),
-            s.plan(cs.tracepoint(), Some(layer)),
+            s.plan(cs.tracepoint(), Some(layer)).without_rows(),
         )
     }) else {
         return;
@@ -251,7 +251,7 @@ pub fn record_logits(
     let Some((pass, layer, plan, top_k, tracked)) = registry::with_session(generation, |s| {
         let pass = s.open_pass(cs.tracepoint());
         let layer = layer.unwrap_or_else(|| s.layer_or_final());
-        let plan = s.plan(cs.tracepoint(), Some(layer));
+        let plan = s.plan(cs.tracepoint(), Some(layer)).without_rows();
         (
             pass,
             layer,

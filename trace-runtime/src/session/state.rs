@@ -56,6 +56,16 @@ pub(crate) struct TensorPlan {
     pub(crate) rows: bool,
 }
 
+impl TensorPlan {
+    /// The plan of a tensor that is not a layer's (attention probabilities, logits): no rows.
+    pub(crate) fn without_rows(self) -> Self {
+        Self {
+            rows: false,
+            ..self
+        }
+    }
+}
+
 /// A tensor of a layer as a hook read it: its summary, or a read that the end of the pass
 /// finishes (a device's, see [`TraceTensor::start_summary`](crate::TraceTensor::start_summary)).
 pub(crate) enum StageRead {

@@ -95,7 +95,9 @@ fn a_chunk_after_the_first_stops_with_candles_error_and_the_first_matches_one_pa
     );
     let comparison = outcome.unwrap();
     println!("{}", comparison.describe("one pass", "chunks"));
-    assert!(!comparison.diverged());
+    // No row past tolerance; the positions the failed chunks never reached fail the check.
+    assert!(comparison.first.is_none() && comparison.token_mismatches.is_empty());
+    assert!(comparison.diverged());
     assert_eq!(comparison.compared, CHUNK * LAYERS * STAGES);
     assert_eq!(comparison.unpaired, (TOKENS - CHUNK) * LAYERS * STAGES);
 }

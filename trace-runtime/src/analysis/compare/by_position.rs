@@ -4,17 +4,18 @@
 //!
 //! Such runs need no reference: the same code on the same tokens must agree to float rounding,
 //! position by position, and a KV cache, rotary offset, mask or padding bug breaks exactly that.
-//! Their passes do not line up (a pass of 600 rows against 600 passes of one), so tensors are
-//! not paired by pass as [`compare`](super::compare) pairs them; each layer tensor's rows are,
-//! by (sequence, position, layer, stage), from the [`RowSummaries`](crate::RowSummaries) the
-//! session recorded ([`ModelTracerConfig::row_summaries`](crate::ModelTracerConfig::row_summaries)).
+//! Their passes do not line up (a pass of 600 rows against 600 passes of one), so tensors are not
+//! paired by pass as [`compare`](super::compare) pairs them; each layer tensor's rows are, by
+//! (sequence, position, layer, stage), from the [`RowSummaries`](crate::RowSummaries) the session
+//! recorded ([`ModelTracerConfig::row_summaries`](crate::ModelTracerConfig::row_summaries)).
 //!
-//! - **Where a row sits.** A pass begins at `position` (`#[trace_model(position = ..)]`); row
-//!   `r` of a `[batch, seq, width]` layer tensor (or `[seq, width]`) is column `r % seq` of
-//!   sequence `r / seq`, at position `position + r % seq`. Tensors of other ranks have no rows
+//! - **Where a row sits.** A pass begins at `position` (`#[trace_model(position = ..)]`); row `r`
+//!   of a `[batch, seq, width]` layer tensor (or `[seq, width]`) is column `r % seq` of sequence
+//!   `r / seq`, at position `position + r % seq`. Tensors of other ranks have no rows
 //!   ([`RowSummaries::of_shape`]), and a tensor whose rows are not the pass's tokens in number
-//!   (where the pass recorded them) is left out, and said. Positions without `position = ..` are pass numbers, and
-//!   lining up by them is meaningless: a model compared this way must say where its passes begin.
+//!   (where the pass recorded them) is left out, and said. A pass without `position = ..` is at
+//!   its pass number, which soon puts two rows of one run at one place: that is an error
+//!   ([`PositionError::Overlap`]), never a verdict.
 //! - **Tokens.** Where both runs recorded their passes' token ids
 //!   (`#[trace_model(tokens = ..)]`), a position holding another token on each side ends the
 //!   comparison of that sequence there (the runs computed other text from then on), and is a
@@ -87,8 +88,9 @@ pub struct PositionRows {
     passes: Vec<PassLayout>,
     /// Layer tensors recorded without rows, by `layer.{i}.{stage}`.
     without_rows: BTreeSet<String>,
-    /// Rows found twice at the same place (the first is kept): a trace of several runs.
-    duplicates: usize,
+    /// The first row found twice at the same place: a trace of several runs, or a model whose
+    /// passes do not say their position (then each pass is at its number).
+    overlap: Option<Overlap>,
     /// Tensors whose rows do not fit their shape, by `pass {p} layer.{i}.{stage}`.
     misshapen: Vec<String>,
 }
@@ -126,12 +128,14 @@ impl PositionRows {
                 self.misshapen.push(format!("pass {} {name}", layer.pass));
                 continue;
             };
-            if self
-                .passes
-                .last()
-                .is_none_or(|last| last.pass != layer.pass)
-            {
-                self.lay_out(layout, begin.tokens.as_deref());
+            match self.passes.last() {
+                Some(last) if last.pass == layer.pass && *last != layout => {
+                    // Another layout than the pass's first tensor: rows that are not its tokens.
+                    self.misshapen.push(format!("pass {} {name}", layer.pass));
+                    continue;
+                }
+                Some(last) if last.pass == layer.pass => {}
+                _ => self.lay_out(layout, begin.tokens.as_deref()),
             }
             for r in 0..rows.len() {
                 let place = Place {
@@ -151,8 +155,14 @@ impl PositionRows {
                     Entry::Vacant(slot) => {
                         slot.insert(entry);
                     }
-                    // The first run's row is kept.
-                    Entry::Occupied(_) => self.duplicates += 1,
+                    Entry::Occupied(first) => {
+                        self.overlap.get_or_insert_with(|| Overlap {
+                            place,
+                            layer: layer.layer,
+                            stage: stage.name.to_string(),
+                            passes: (first.get().pass, layer.pass),
+                        });
+                    }
                 }
             }
         }
@@ -214,17 +224,10 @@ impl PositionRows {
         boundaries(self) != boundaries(other)
     }
 
-    /// What a reader of a comparison should know about this trace's rows (duplicates, rows
+    /// What a reader of a comparison should know about this trace's rows (rows
     /// that do not fit, tensors without rows), each a sentence.
     fn notes(&self, label: &str) -> Vec<String> {
         let mut notes = Vec::new();
-        if self.duplicates > 0 {
-            notes.push(format!(
-                "{label}: {} rows were recorded twice at the same position (the trace holds \
-                 more than one run; the first was compared)",
-                self.duplicates
-            ));
-        }
         if !self.misshapen.is_empty() {
             notes.push(format!(
                 "{label}: {} tensors' rows are not their pass's tokens (a shape other than \
@@ -295,6 +298,19 @@ pub struct Pairing {
     pub shift: usize,
 }
 
+/// A place a run recorded twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    /// The place.
+    pub place: Place,
+    /// The layer.
+    pub layer: usize,
+    /// The stage.
+    pub stage: String,
+    /// The passes that both recorded it.
+    pub passes: (usize, usize),
+}
+
 /// Why runs cannot be lined up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -303,6 +319,22 @@ pub enum PositionError {
     NoRows {
         /// Which run.
         run: String,
+        /// The first tensor whose rows were left out as not its pass's tokens, if any.
+        misshapen: Option<String>,
+    },
+    /// A run recorded the same place twice.
+    Overlap {
+        /// Which run.
+        run: String,
+        /// Where.
+        overlap: Overlap,
+    },
+    /// The runs hold other numbers of sequences: a batch against one run alone.
+    Sequences {
+        /// The expected run's.
+        expected: usize,
+        /// The actual run's.
+        actual: usize,
     },
     /// A batch of `sequences` rows against another number of alone runs.
     BatchSize {
@@ -310,6 +342,16 @@ pub enum PositionError {
         sequences: usize,
         /// Runs alone.
         alone: usize,
+    },
+    /// A pass of the batch that does not lay its rows out as the batch's sequences (a
+    /// `[seq, width]` tensor of a batched pass, whose rows cannot be told apart).
+    BatchLayout {
+        /// The pass.
+        pass: usize,
+        /// Its sequences.
+        sequences: usize,
+        /// The batch's rows.
+        rows: usize,
     },
     /// A batch row whose first pass does not end with its alone run's prompt.
     PromptNotFound {
@@ -323,10 +365,46 @@ pub enum PositionError {
 impl fmt::Display for PositionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoRows { run } => write!(
+            Self::NoRows { run, misshapen } => {
+                write!(
+                    f,
+                    "{run} has no row summaries: record it with rows \
+                     (ModelTracerConfig::row_summaries; the examples' --rows), with its layers' \
+                     tensors as [seq, width] or [batch, seq, width] and a forward pass that ran"
+                )?;
+                match misshapen {
+                    Some(tensor) => write!(
+                        f,
+                        " (its tensors' rows are not their passes' tokens, first: {tensor})"
+                    ),
+                    None => Ok(()),
+                }
+            }
+            Self::Overlap { run, overlap } => write!(
                 f,
-                "{run} has no row summaries: record it with rows (ModelTracerConfig::row_summaries; \
-                 the examples' --rows)"
+                "{run} recorded position {} of sequence {} twice (layer {} {}, passes {} and {}): \
+                 a trace of more than one run, or a model whose #[trace_model] does not say \
+                 `position = ..` (a pass is then at its number)",
+                overlap.place.position,
+                overlap.place.sequence,
+                overlap.layer,
+                overlap.stage,
+                overlap.passes.0,
+                overlap.passes.1
+            ),
+            Self::Sequences { expected, actual } => write!(
+                f,
+                "the expected run holds {expected} sequences and the actual one {actual}: compare \
+                 a batch with its prompts alone with --batch (Consistency::check_batch)"
+            ),
+            Self::BatchLayout {
+                pass,
+                sequences,
+                rows,
+            } => write!(
+                f,
+                "pass {pass} of the batch lays its rows out as {sequences} sequences, not the \
+                 batch's {rows}: record its layer tensors as [batch, seq, width]"
             ),
             Self::BatchSize { sequences, alone } => write!(
                 f,
@@ -348,8 +426,14 @@ pub fn pair_sequences(
     expected: &PositionRows,
     actual: &PositionRows,
 ) -> Result<Vec<Pairing>, PositionError> {
-    no_rows(expected, "the expected run")?;
-    no_rows(actual, "the actual run")?;
+    check_usable(expected, "the expected run")?;
+    check_usable(actual, "the actual run")?;
+    if expected.sequences() != actual.sequences() {
+        return Err(PositionError::Sequences {
+            expected: expected.sequences(),
+            actual: actual.sequences(),
+        });
+    }
     Ok((0..expected.sequences())
         .map(|sequence| Pairing {
             run: 0,
@@ -367,7 +451,16 @@ pub fn pair_batch(
     alone: &[&PositionRows],
     batch: &PositionRows,
 ) -> Result<Vec<Pairing>, PositionError> {
-    no_rows(batch, "the batch")?;
+    check_usable(batch, "the batch")?;
+    if let Some(pass) = batch.passes.iter().find(|p| p.sequences != alone.len()) {
+        if batch.sequences() == alone.len() {
+            return Err(PositionError::BatchLayout {
+                pass: pass.pass,
+                sequences: pass.sequences,
+                rows: alone.len(),
+            });
+        }
+    }
     if batch.sequences() != alone.len() {
         return Err(PositionError::BatchSize {
             sequences: batch.sequences(),
@@ -377,20 +470,32 @@ pub fn pair_batch(
     let Some(first) = batch.passes.first() else {
         return Err(PositionError::NoRows {
             run: "the batch".into(),
+            misshapen: None,
         });
     };
     let mut pairings = Vec::with_capacity(alone.len());
     for (sequence, run) in alone.iter().enumerate() {
-        no_rows(run, &format!("run alone {sequence}"))?;
-        let prompt = run.passes.first().map_or(0, |p| p.columns);
+        check_usable(run, &format!("run alone {sequence}"))?;
         let not_found = |reason: String| PositionError::PromptNotFound { sequence, reason };
-        let shift = first.columns.checked_sub(prompt).ok_or_else(|| {
-            not_found(format!(
-                "its prompt alone is {prompt} tokens, longer than the batch's first pass \
+        let (start, prompt) = run
+            .passes
+            .first()
+            .map_or((0, 0), |p| (p.position, p.columns));
+        if start != 0 {
+            return Err(not_found(format!(
+                "its run alone begins at position {start}, not 0: the prompt alone must be its \
+                 first pass"
+            )));
+        }
+        let shift = (first.position + first.columns)
+            .checked_sub(prompt)
+            .ok_or_else(|| {
+                not_found(format!(
+                    "its prompt alone is {prompt} tokens, longer than the batch's first pass \
                  ({} columns)",
-                first.columns
-            ))
-        })?;
+                    first.columns
+                ))
+            })?;
         for position in 0..prompt {
             let alone_token = run.token(Place {
                 sequence: 0,
@@ -398,7 +503,7 @@ pub fn pair_batch(
             });
             let batch_token = batch.token(Place {
                 sequence,
-                position: first.position + shift + position,
+                position: shift + position,
             });
             if let (Some(a), Some(b)) = (alone_token, batch_token) {
                 if a != b {
@@ -419,9 +524,19 @@ pub fn pair_batch(
     Ok(pairings)
 }
 
-fn no_rows(rows: &PositionRows, run: &str) -> Result<(), PositionError> {
+/// Whether `rows` can be compared: it has rows, and no place twice.
+fn check_usable(rows: &PositionRows, run: &str) -> Result<(), PositionError> {
     if rows.is_empty() {
-        return Err(PositionError::NoRows { run: run.into() });
+        return Err(PositionError::NoRows {
+            run: run.into(),
+            misshapen: rows.misshapen.first().cloned(),
+        });
+    }
+    if let Some(overlap) = &rows.overlap {
+        return Err(PositionError::Overlap {
+            run: run.into(),
+            overlap: overlap.clone(),
+        });
     }
     Ok(())
 }
@@ -459,6 +574,20 @@ impl RowDifference {
     }
 }
 
+/// The first position of a pairing where the runs hold other tokens: later positions computed
+/// other text and are not compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TokenMismatch {
+    /// The sequences paired.
+    pub pairing: Pairing,
+    /// The expected run's position.
+    pub position: usize,
+    /// The expected run's token there.
+    pub expected: u32,
+    /// The actual run's.
+    pub actual: u32,
+}
+
 /// Two runs compared by position ([`compare_rows`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct PositionComparison {
@@ -480,11 +609,11 @@ pub struct PositionComparison {
     pub past_tolerance: usize,
     /// Each layer's largest error, with where.
     pub worst_by_layer: BTreeMap<usize, RowDifference>,
-    /// Per pairing, the first position whose tokens differ, with both tokens.
-    pub token_mismatches: Vec<(Pairing, usize, u32, u32)>,
+    /// Per pairing, the first position whose tokens differ.
+    pub token_mismatches: Vec<TokenMismatch>,
     /// Whether token ids were compared (both runs recorded them).
     pub tokens_checked: bool,
-    /// What a reader should know (rows left out, duplicates).
+    /// What a reader should know (rows left out, tokens not recorded).
     pub notes: Vec<String>,
 }
 
@@ -605,8 +734,12 @@ impl PositionComparison {
             checked = true;
             if other != token {
                 self.tokens_checked = true;
-                self.token_mismatches
-                    .push((pairing, place.position, token, other));
+                self.token_mismatches.push(TokenMismatch {
+                    pairing,
+                    position: place.position,
+                    expected: token,
+                    actual: other,
+                });
                 return Some(place.position);
             }
         }
@@ -638,9 +771,13 @@ impl PositionComparison {
         }
     }
 
-    /// Whether a row is past tolerance, or the runs' tokens differ.
+    /// Whether the runs do not agree: a row past tolerance, tokens that differ, expected rows
+    /// the actual run lacks, or nothing compared at all.
     pub fn diverged(&self) -> bool {
-        self.first.is_some() || !self.token_mismatches.is_empty()
+        self.first.is_some()
+            || !self.token_mismatches.is_empty()
+            || self.unpaired > 0
+            || self.compared == 0
     }
 
     /// The largest error of any pair: the floor the runs showed.
@@ -676,13 +813,13 @@ impl PositionComparison {
             Some(first) => {
                 let _ = writeln!(
                     text,
-                    "first past tolerance: {} layer {} stage {}: error {:.3e} ({:.1}x the \
-                     tolerance; pass {} of {expected}, pass {} of {actual}); {} pairs past it",
+                    "first past tolerance: {} layer {} stage {}: error {:.3e} ({}; pass {} of \
+                     {expected}, pass {} of {actual}); {} pairs past it",
                     describe_place(first, batch),
                     first.layer,
                     first.stage,
                     first.error,
-                    first.error / self.rtol,
+                    self.times_tolerance(first.error),
                     first.passes.0,
                     first.passes.1,
                     self.past_tolerance
@@ -695,45 +832,39 @@ impl PositionComparison {
                     self.max_error()
                 );
             }
-            None => {
+            None if self.token_mismatches.is_empty() => {
                 let _ = writeln!(text, "no row pairs: the runs share no position");
             }
+            None => {}
         }
-        for (pairing, position, token, other) in &self.token_mismatches {
+        for mismatch in &self.token_mismatches {
             let row = if batch {
-                format!("batch row {} ", pairing.actual_sequence)
+                format!("batch row {} ", mismatch.pairing.actual_sequence)
             } else {
                 String::new()
             };
             let _ = writeln!(
                 text,
-                "{row}tokens differ from position {position} ({token} in {expected}, {other} in \
-                 {actual}): later positions were not compared"
-            );
-        }
-        if self.first.is_some() {
-            let _ = writeln!(
-                text,
-                "note: a model whose matmuls round their input to 8 bits (quantized GGUF kernels) \
-                 turns a kernel's rounding difference between one row and many into a \
-                 quantization step now and then, anywhere past the first layers: compare it on \
-                 dequantized weights (CANDLE_DEQUANTIZE_ALL=1) before reading this as a bug"
+                "{row}tokens differ from position {} ({} in {expected}, {} in {actual}): later \
+                 positions were not compared",
+                mismatch.position, mismatch.expected, mismatch.actual
             );
         }
         if self.unpaired > 0 {
             let _ = writeln!(
                 text,
-                "{} rows of {expected} have no row at the same place in {actual}",
+                "{} rows of {expected} have no row at the same place in {actual}: the runs do \
+                 not cover the same positions",
                 self.unpaired
             );
         }
-        let _ = writeln!(text, "worst error per layer (x tolerance):");
+        let _ = writeln!(text, "worst error per layer:");
         for (layer, worst) in &self.worst_by_layer {
             let _ = writeln!(
                 text,
-                "  layer {layer:>3}: {:.3e} ({:.2}x) at {} {}",
+                "  layer {layer:>3}: {:.3e} ({}) at {}, {}",
                 worst.error,
-                worst.error / self.rtol,
+                self.times_tolerance(worst.error),
                 describe_place(worst, batch),
                 worst.stage
             );
@@ -742,6 +873,19 @@ impl PositionComparison {
             let _ = writeln!(text, "note: {note}");
         }
         text
+    }
+}
+
+impl PositionComparison {
+    /// `error` as a multiple of the tolerance, or against a bit-exact check.
+    fn times_tolerance(&self, error: f64) -> String {
+        if self.rtol > 0.0 {
+            format!("{:.2}x the tolerance", error / self.rtol)
+        } else if error == 0.0 {
+            "bit-identical".to_owned()
+        } else {
+            "not bit-identical".to_owned()
+        }
     }
 }
 
