@@ -59,14 +59,15 @@ pub(super) fn read_tensor(
 ) -> Option<TensorSummary> {
     let mut captured: Option<Vec<f32>> = None;
     let mut rows = None;
-    let shape = tensor.shape();
+    // Read only when rows are asked for: every other read of the hot path skips it.
+    let shape = plan.rows.then(|| tensor.shape());
     let wants_values = plan.capture || plan.rows || also.is_some();
     let mut consume = |values: &[f32]| {
         if plan.capture {
             captured = Some(values.to_vec());
         }
-        if plan.rows {
-            rows = RowSummaries::of_shape(values, &shape);
+        if let Some(shape) = shape.as_deref() {
+            rows = RowSummaries::of_shape(values, shape);
         }
         if let Some(also) = also.as_mut() {
             also(values);
