@@ -84,7 +84,7 @@ use crate::analysis::compare::by_position::{
 };
 use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::record::Event;
-use crate::session::{RecordError, Session, SessionError};
+use crate::session::{run_recorded, RecordError, SessionError};
 use crate::sink::{SinkError, TraceSink};
 
 /// A relation between two ways of running a model, checked row by row ([module docs](self)).
@@ -250,23 +250,13 @@ impl Consistency {
             digests: DigestPolicy::Off,
             ..ModelTracerConfig::default()
         };
-        let mut builder = Session::builder(config)
-            .in_memory(false)
-            .sink(recorder.clone());
-        if let Some(filter) = &self.filter {
-            builder = builder.filter(filter.clone());
-        }
-        let session = match builder.start() {
-            Ok(session) => session,
-            Err(error) => return (run(), Err(ConsistencyError::Session(error))),
+        let (value, recorded) = run_recorded(config, self.filter.as_deref(), recorder.clone(), run);
+        let outcome = match recorded {
+            Err(error) => Err(ConsistencyError::Session(error)),
+            Ok(errors) if !errors.is_empty() => Err(ConsistencyError::Recording(errors)),
+            Ok(_) => Ok(PositionRows::from_events(&recorder.take())),
         };
-        let value = run();
-        let (_, errors) = session.finish_with_errors();
-        if !errors.is_empty() {
-            return (value, Err(ConsistencyError::Recording(errors)));
-        }
-        let events = recorder.take();
-        (value, Ok(PositionRows::from_events(&events)))
+        (value, outcome)
     }
 }
 

@@ -56,7 +56,7 @@ use crate::analysis::compare::{
 use crate::config::{AttentionTraceConfig, DigestPolicy, ModelTracerConfig};
 use crate::format::{write_atomically, GoldenEncoder, ReadError, TraceReader};
 use crate::record::{Event, TraceHeader};
-use crate::session::{RecordError, Session, SessionError};
+use crate::session::{run_recorded, RecordError, SessionError};
 use crate::sink::{SinkError, TraceSink};
 
 /// The environment variable that makes a check write its golden file from the run (`1`).
@@ -198,19 +198,17 @@ impl Golden {
     /// trace beside it when they differ.
     pub fn compare<R>(&self, run: impl FnOnce() -> R) -> (R, Result<GoldenMatch, GoldenError>) {
         let recorder = Recorder::default();
-        let mut builder = Session::builder(self.config.clone())
-            .in_memory(false)
-            .sink(recorder.clone());
-        if let Some(filter) = &self.filter {
-            builder = builder.filter(filter.clone());
-        }
-        let session = match builder.start() {
-            Ok(session) => session,
-            Err(error) => return (run(), Err(GoldenError::Session(error))),
+        let (value, recorded) = run_recorded(
+            self.config.clone(),
+            self.filter.as_deref(),
+            recorder.clone(),
+            run,
+        );
+        let outcome = match recorded {
+            Ok(errors) => self.judge(&recorder, errors),
+            Err(error) => Err(GoldenError::Session(error)),
         };
-        let value = run();
-        let (_, errors) = session.finish_with_errors();
-        (value, self.judge(&recorder, errors))
+        (value, outcome)
     }
 
     fn judge(

@@ -85,7 +85,7 @@ pub use errors::{RecordError, MAX_DISTINCT_ERRORS};
 use crate::config::ModelTracerConfig;
 use crate::intervene::InterventionError;
 use crate::select::{FilterError, TraceFilter};
-use crate::sink::ModelTracer;
+use crate::sink::{ModelTracer, TraceSink};
 
 /// The environment variable that [`Session::start`] reads as a [`TraceFilter`].
 pub const FILTER_ENV_VAR: &str = "MODEL_TRACE";
@@ -186,6 +186,30 @@ impl From<FilterError> for SessionError {
     fn from(error: FilterError) -> Self {
         Self::Filter(error)
     }
+}
+
+/// Runs `run` in a session of its own that records what `config` says (of the tracepoints
+/// `filter` admits) into `sink` alone, reading no environment variable: what `run` returned,
+/// and the values the session could not record, or why it could not start. The checks in tests
+/// (`golden`, `consistency`) are built on it.
+#[cfg_attr(not(feature = "enabled"), allow(dead_code))]
+pub(crate) fn run_recorded<R>(
+    config: ModelTracerConfig,
+    filter: Option<&str>,
+    sink: impl TraceSink + 'static,
+    run: impl FnOnce() -> R,
+) -> (R, Result<Vec<RecordError>, SessionError>) {
+    let mut builder = Session::builder(config).in_memory(false).sink(sink);
+    if let Some(filter) = filter {
+        builder = builder.filter(filter);
+    }
+    let session = match builder.start() {
+        Ok(session) => session,
+        Err(error) => return (run(), Err(error)),
+    };
+    let value = run();
+    let (_, errors) = session.finish_with_errors();
+    (value, Ok(errors))
 }
 
 impl Session {
