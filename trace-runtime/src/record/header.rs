@@ -152,6 +152,11 @@ pub struct RunMetadata {
     /// The device (`"cpu"`, `"cuda:0"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The types of the weights, activations and KV cache, as `diff` reads them to choose its
+    /// tolerance. A session sets it from [`SessionBuilder::precision`](crate::SessionBuilder::precision)
+    /// and from candle's `CANDLE_DEQUANTIZE_ALL` (read from the environment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<super::Precision>,
     /// Anything else, by name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, String>,

@@ -11,7 +11,7 @@ use super::{Session, SessionError};
 use crate::config::ModelTracerConfig;
 use crate::format::DEFAULT_CAPTURE_CHUNK_BYTES;
 use crate::intervene::{Action, Intervention};
-use crate::record::RunMetadata;
+use crate::record::{Precision, RunMetadata};
 use crate::select::TraceFilter;
 use crate::sink::TraceSink;
 use settings::Unusable;
@@ -307,6 +307,34 @@ impl SessionBuilder {
     /// The device, for the header.
     pub fn device(mut self, device: impl Into<String>) -> Self {
         self.metadata.device = Some(device.into());
+        self
+    }
+
+    /// The types the run computes in (weights, activations, KV cache), for the header, where
+    /// `model-trace diff` reads them to choose its tolerance:
+    ///
+    /// ```
+    /// # use trace_runtime as model_trace;
+    /// use model_trace::{ModelTracerConfig, Precision, Session};
+    ///
+    /// let session = Session::builder(ModelTracerConfig::lightweight())
+    ///     .precision(
+    ///         Precision::quantized(["Q4_K", "Q6_K"])
+    ///             .activations("F32")
+    ///             .kv_cache("F32")
+    ///             .source("the port"),
+    ///     )
+    ///     .start_lenient();
+    /// # drop(session);
+    /// ```
+    ///
+    /// With candle's `CANDLE_DEQUANTIZE_ALL` (or `CANDLE_DEQUANTIZE_ALL_F16`) set, as candle
+    /// reads it, the quantized weights are recorded as dequantized to f32 (f16), since that is
+    /// what candle's `QMatMul::from_arc` then multiplies by; a run that says nothing is recorded
+    /// with f32 (f16) weights dequantized from types it did not name. Float weights are left as
+    /// they are.
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.metadata.precision = Some(precision);
         self
     }
 

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{RankSetting, SessionBuilder, Setting};
 use crate::format::{self, CaptureWriter};
 use crate::intervene::{Action, Intervention};
-use crate::record::{RecordErrorKind, TraceHeader, TracepointInfo, FORMAT_NAME, SCHEMA_VERSION};
+use crate::record::{
+    CandleDequantize, RecordErrorKind, RunMetadata, TraceHeader, TracepointInfo, FORMAT_NAME,
+    SCHEMA_VERSION,
+};
 use crate::select::{CaptureFilter, TraceFilter};
 use crate::session::registry;
 use crate::session::state::{SessionSetup, SessionState};
@@ -430,6 +433,18 @@ impl SessionBuilder {
             .unwrap_or_else(process_run_id)
     }
 
+    /// The metadata, its precision as candle's environment variables make it: what a candle
+    /// model computes in, even if it says nothing.
+    fn metadata_under_candle(&self) -> RunMetadata {
+        let mut metadata = self.metadata.clone();
+        let dequantize = CandleDequantize::from_env();
+        if dequantize != CandleDequantize::Off || metadata.precision.is_some() {
+            let said = metadata.precision.take().unwrap_or_default();
+            metadata.precision = Some(said.under_candle(dequantize));
+        }
+        metadata
+    }
+
     /// The header the session's sinks start with (its `isolate` is set by the caller).
     fn header(
         &self,
@@ -454,7 +469,7 @@ impl SessionBuilder {
             filter: filter.to_string(),
             capture: capture.map(ToString::to_string).unwrap_or_default(),
             tracepoints: TracepointInfo::all(),
-            metadata: self.metadata.clone(),
+            metadata: self.metadata_under_candle(),
             run: self.run_id(),
             rank: rank.map(|(rank, _)| rank),
             world_size: rank.map(|(_, world_size)| world_size),
