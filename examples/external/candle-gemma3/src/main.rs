@@ -9,9 +9,15 @@
 //! - `batch-decode.ndjson` and `alone-decode-{i}.ndjson`: `--prompts` one-token prompts fed
 //!   `--batch-steps` tokens, one a step, in one batch, and each alone.
 //!
-//! Batch prompts are cut from LICENSE-APACHE's ids one after another. `--dequantize` runs the
-//! model on f32 weights. A run that candle stops with an error is a finding: it is printed, and
-//! its trace keeps what ran before it.
+//! - `reference.ndjson` (`--relations reference`): the one pass again, every tensor captured and
+//!   no rows, to compare with transformers run on the same ids (`reference.py` beside this
+//!   crate writes that trace) by `model-trace diff`.
+//!
+//! Batch prompts are cut from LICENSE-APACHE's ids one after another. `--dequantize`, or
+//! candle's own `CANDLE_DEQUANTIZE_ALL` set in the environment (as candle reads it), runs the
+//! model on f32 weights; the trace's header says which, without a line of code here: the
+//! session reads the variable candle reads. A run that candle stops with an error is a finding:
+//! it is printed, and its trace keeps what ran before it.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -20,7 +26,7 @@ use std::process::ExitCode;
 use candle_gemma3::runs::{Batch, Weights};
 use candle_gemma3::{Gemma3, Result};
 use clap::{Parser, ValueEnum};
-use model_trace::{ModelTracerConfig, Session};
+use model_trace::{CandleDequantize, ModelTracerConfig, Session};
 
 /// Writes traces of candle-transformers' quantized Gemma 3 computing the same tokens in
 /// different passes, for `model-trace diff`.
@@ -47,8 +53,9 @@ struct Args {
     /// Decode steps of the batch of one-token prompts.
     #[arg(long, default_value_t = 16)]
     batch_steps: usize,
-    /// Dequantize the weights to f32 at load time (candle's `CANDLE_DEQUANTIZE_ALL`): the
-    /// relations at float rounding, without the quantization of the activations.
+    /// Dequantize the weights to f32 at load time (what candle's `CANDLE_DEQUANTIZE_ALL=1` does,
+    /// which works as well): the relations at float rounding, without the quantization of the
+    /// activations.
     #[arg(long)]
     dequantize: bool,
     /// The relations to write runs for.
@@ -66,6 +73,9 @@ enum Relation {
     /// A batch, and each prompt alone (a prefill of equal-length prompts; decode steps of
     /// one-token prompts).
     Batch,
+    /// The one pass with every tensor captured, for a diff against transformers (not among the
+    /// defaults).
+    Reference,
 }
 
 fn main() -> ExitCode {
@@ -88,7 +98,7 @@ fn main() -> ExitCode {
 /// Writes the runs `args` asks for; returns the `model-trace diff` commands that compare them.
 fn run(args: &Args) -> Result<String> {
     std::fs::create_dir_all(&args.out)?;
-    let weights = if args.dequantize {
+    let weights = if args.dequantize || CandleDequantize::from_env() == CandleDequantize::F32 {
         Weights::Dequantized
     } else {
         Weights::Quantized
@@ -115,6 +125,16 @@ fn run(args: &Args) -> Result<String> {
                 out(name).display()
             );
         }
+    }
+    if args.relations.contains(&Relation::Reference) {
+        let path = out("reference.ndjson");
+        write_captured(&path, || model.run_split(&ids, ids.len(), ids.len()))?;
+        let _ = writeln!(
+            commands,
+            "python reference.py {path} --out {reference}\nmodel-trace diff {reference} {path}",
+            path = path.display(),
+            reference = out("transformers.ndjson").display()
+        );
     }
     if args.relations.contains(&Relation::Batch) {
         for (kind, length, steps) in [
@@ -152,7 +172,26 @@ fn write_trace<T>(path: &Path, run: impl FnOnce() -> Result<T>) -> Result<()> {
         row_summaries: true,
         ..ModelTracerConfig::default()
     };
-    let session = Session::builder(config).trace_file(path).start()?;
+    record(Session::builder(config).trace_file(path), path, run)
+}
+
+/// Records `run` into a trace file at `path`, every layer tensor captured.
+fn write_captured<T>(path: &Path, run: impl FnOnce() -> Result<T>) -> Result<()> {
+    let config = ModelTracerConfig {
+        trace_activations: true,
+        ..ModelTracerConfig::default()
+    };
+    let builder = Session::builder(config).trace_file(path).capture("*");
+    record(builder, path, run)
+}
+
+/// Starts `builder`'s session, runs `run` in it and says what was written.
+fn record<T>(
+    builder: model_trace::SessionBuilder,
+    path: &Path,
+    run: impl FnOnce() -> Result<T>,
+) -> Result<()> {
+    let session = builder.start()?;
     let outcome = run();
     session.finish();
     let bytes = std::fs::metadata(path)?.len();
