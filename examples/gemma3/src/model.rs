@@ -110,7 +110,7 @@ impl RmsNorm {
         })
     }
 
-    /// The norm of `x` in `layer`, where the offset bugs may be injected.
+    /// The norm of `x` in `layer`, where the offset and epsilon bugs may be injected.
     pub fn forward(&self, x: &Tensor, layer: usize) -> Result<Tensor> {
         let weight = if bugs::injected_at(Bug::NormOffsetTwice, layer) {
             self.weight.affine(1.0, 1.0)?
@@ -119,7 +119,12 @@ impl RmsNorm {
         } else {
             self.weight.clone()
         };
-        candle_nn::ops::rms_norm(&x.contiguous()?, &weight, self.eps as f32)
+        let eps = if bugs::injected_at(Bug::RmsEpsilon, layer) {
+            bugs::LLAMA_RMS_EPS
+        } else {
+            self.eps as f32
+        };
+        candle_nn::ops::rms_norm(&x.contiguous()?, &weight, eps)
     }
 }
 
