@@ -1,10 +1,11 @@
 //! Gemma 3's known porting bugs, to inject: each is one that a real port shipped or reported
-//! (transformers #29402 and #37109, candle #2917 and #3745, mistral.rs #1806; for the decode,
-//! cache and batch paths mlx-lm #1189, sglang #25790, litgpt #2153, tt-xla #5940, unsloth
-//! #9708), so that the tests can check what `model-trace diff` names for it. The first seven
-//! change every path; the others only the path each names (decode steps, cached chunks, padded
-//! batches), so that a comparison of the port with itself finds them. Never set in normal use: the CLI's hidden
-//! `--inject-bug NAME[@LAYER][,...]` sets them for the whole process.
+//! (transformers #29402 and #37109, candle #2917 and #3745, mistral.rs #1806, aprender #1606;
+//! for the decode, cache and batch paths mlx-lm #1189, sglang #25790, litgpt #2153, tt-xla
+//! #5940, unsloth #9708), so that the tests can check what `model-trace diff` names for it. The
+//! first eight change every path; the others only the path each names (decode steps, cached
+//! chunks, padded batches), so that a comparison of the port with itself finds them. Never set
+//! in normal use: the CLI's hidden `--inject-bug NAME[@LAYER][,...]` sets them for the whole
+//! process.
 
 #[path = "../../shared/bug_switch.rs"]
 mod bug_switch;
@@ -28,6 +29,12 @@ pub enum Bug {
     QkNormSkipped,
     /// The MLP's GELU in its exact (erf) form instead of the tanh approximation.
     GeluExact,
+    /// A layer's RMS norms (input, query/key, post-attention, pre- and post-MLP) with Llama's
+    /// epsilon, [`LLAMA_RMS_EPS`] (1e-5), where Gemma 3 uses the GGUF's 1e-6: a kernel or a
+    /// config default that ignores the model's value, as aprender's CUDA RMS norm did for
+    /// Qwen 2.5's 1e-6 (paiml/aprender #1606: a ~2% drift of the normalised values). `@18`
+    /// (one past the last block of 270M) is the final norm.
+    RmsEpsilon,
     /// A sliding-window layer whose window lets one key more through (513 for 270M): visible
     /// only past the window, from position 512 on.
     WindowOneTooWide,
@@ -74,13 +81,14 @@ impl Bug {
     }
 
     /// Every bug with its name.
-    pub const ALL: [(&'static str, Bug); 15] = [
+    pub const ALL: [(&'static str, Bug); 16] = [
         ("norm-offset-twice", Bug::NormOffsetTwice),
         ("norm-offset-missing", Bug::NormOffsetMissing),
         ("embedding-unscaled", Bug::EmbeddingUnscaled),
         ("rope-base-global", Bug::RopeBaseGlobal),
         ("qk-norm-skipped", Bug::QkNormSkipped),
         ("gelu-exact", Bug::GeluExact),
+        ("rms-eps", Bug::RmsEpsilon),
         ("window-one-too-wide", Bug::WindowOneTooWide),
         ("window-decode-one-short", Bug::WindowDecodeOneShort),
         (
@@ -95,6 +103,9 @@ impl Bug {
         ("batch-mask-other-row", Bug::BatchMaskOtherRow),
     ];
 }
+
+/// The RMS norm epsilon of [`Bug::RmsEpsilon`]: Llama's, which kernels and configs default to.
+pub const LLAMA_RMS_EPS: f32 = 1e-5;
 
 static INJECTED: BugSwitch<Bug> = BugSwitch::new();
 

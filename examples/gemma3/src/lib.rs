@@ -12,6 +12,8 @@ pub mod generate;
 pub mod gguf;
 pub mod model;
 pub mod passes;
+#[path = "../../shared/quant_linear.rs"]
+pub mod quant_linear;
 pub mod rows;
 pub mod tokenizer;
 pub mod weights;

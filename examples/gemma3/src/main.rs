@@ -5,8 +5,9 @@
 use clap::Parser;
 use gemma3::generate::{greedy_ids, load, Generation};
 use gemma3::passes::{greedy_batch, Split};
+use gemma3::quant_linear::dtype_text;
 use gemma3::{weights, GgufTokenizer, Model};
-use model_trace::{ModelTracerConfig, Session};
+use model_trace::{ModelTracerConfig, Precision, Session};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -55,7 +56,8 @@ struct Args {
     #[arg(long)]
     rows: bool,
     /// Run every matmul on its dequantized f32 weight: no 8-bit rounding of the activations,
-    /// so a comparison by position has f32 rounding as its floor.
+    /// so a comparison by position has f32 rounding as its floor (what candle's
+    /// `CANDLE_DEQUANTIZE_ALL=1` does too). The trace header says so in its precision.
     #[arg(long)]
     dequantize: bool,
     /// Gemma's porting bugs to inject, `NAME[@LAYER][,...]` (`gemma3::bugs`), for the whole
@@ -159,7 +161,7 @@ fn run(args: &Args, texts: &[String]) -> gemma3::Result<()> {
         .iter()
         .map(|text| Prompt::encode(&tokenizer, text, args.max_prompt_tokens))
         .collect::<gemma3::Result<Vec<_>>>()?;
-    let session = start_session(args, &path, &prompts)?;
+    let session = start_session(args, &path, &prompts, model.precision())?;
     let trace_file = session
         .as_ref()
         .and_then(|s| s.trace_file().map(|p| p.to_path_buf()));
@@ -201,6 +203,7 @@ fn start_session(
     args: &Args,
     weights: &Path,
     prompts: &[Prompt],
+    precision: Precision,
 ) -> gemma3::Result<Option<Session>> {
     if !cfg!(feature = "trace") {
         return Ok(None);
@@ -219,11 +222,8 @@ fn start_session(
         .weights(weights.display().to_string())
         .model("Gemma 3 270M (Q4_K_M GGUF)")
         .prompt(prompt)
-        .dtype(if args.dequantize {
-            "f32 weights dequantized from Q4_K, Q5_0, Q6_K and Q8_0, f32 activations"
-        } else {
-            "Q4_K, Q5_0, Q6_K and Q8_0 weights, f32 activations"
-        })
+        .dtype(dtype_text(&precision))
+        .precision(precision)
         .device("cpu");
     if let Some(capture) = &args.capture {
         builder = builder.capture(capture.clone());

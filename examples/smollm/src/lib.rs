@@ -13,6 +13,8 @@ pub mod gguf;
 pub mod model;
 pub mod passes;
 pub mod pipeline;
+#[path = "../../shared/quant_linear.rs"]
+pub mod quant_linear;
 pub mod report;
 pub mod tokenizer;
 pub mod trace_level;

@@ -2,10 +2,11 @@
 //! traced by model-trace when built with `--features trace`.
 
 use model_trace::{ModelTracer, ModelTracerConfig, RecordError, Session, SessionError};
-use model_trace::{SessionBuilder, TraceReader};
+use model_trace::{Precision, SessionBuilder, TraceReader};
 use smollm::generate::{encode_prompt, greedy_split, load, Generation};
 use smollm::passes::{greedy_batch, Split};
 use smollm::pipeline::Pipeline;
+use smollm::quant_linear::dtype_text;
 use smollm::report::quant_figures;
 use smollm::{weights, GgufTokenizer, Model, TraceLevel};
 use std::path::{Path, PathBuf};
@@ -33,7 +34,9 @@ const USAGE: &str = "usage: smollm [--max-tokens N] [--ignore-eos] \
                      --rows summarises every layer tensor row by row too (each position's norm, \
                      sketch and fingerprint), for `model-trace diff` by position; --dequantize \
                      runs every matmul on its dequantized f32 weight (no 8-bit rounding of the \
-                     activations: the floor of a comparison by position drops to f32 rounding);\n\
+                     activations: the floor of a comparison by position drops to f32 rounding; \
+                     candle's CANDLE_DEQUANTIZE_ALL=1 does the same), as the trace header's \
+                     precision says;\n\
                      --pipeline runs the model as N stages of consecutive layers (2: layers 0-14 \
                      and 15-29), each on a thread of its own and traced as rank r of N: \
                      --trace-out run.ndjson writes run.rank0.ndjson, run.rank1.ndjson, ... \
@@ -236,7 +239,7 @@ fn run(args: &Args) -> smollm::Result<()> {
         row_summaries: args.rows,
         ..config
     });
-    let settings = SessionSettings::of_run(&path, &prompts, args);
+    let settings = SessionSettings::of_run(&path, &prompts, args, model.precision());
     let (outcome, traces) = match (&prompts[..], args.pipeline) {
         ([prompt], None) => {
             generate_whole(model, &tokenizer, prompt, args, config.clone(), &settings)?
@@ -525,14 +528,14 @@ struct SessionSettings {
     prompt_ids: String,
     trace_out: Option<String>,
     capture: Option<String>,
-    /// What the header says of the weights' precision.
-    dtype: &'static str,
+    /// What the run computes in (the model's, [`Model::precision`]).
+    precision: Precision,
 }
 
 impl SessionSettings {
     /// The settings of a run of `weights` on `prompts` (several: a batch, their texts one a
-    /// line and their ids row by row).
-    fn of_run(weights: &Path, prompts: &[Prompt], args: &Args) -> Self {
+    /// line and their ids row by row) that computes in `precision`.
+    fn of_run(weights: &Path, prompts: &[Prompt], args: &Args, precision: Precision) -> Self {
         let (prompt, prompt_ids) = match prompts {
             [one] => (one.text.clone(), format!("{:?}", one.ids)),
             _ => {
@@ -547,11 +550,7 @@ impl SessionSettings {
             prompt_ids,
             trace_out: args.trace_out.clone(),
             capture: args.capture.clone(),
-            dtype: if args.dequantize {
-                "f32 weights dequantized from Q4_1 and Q8_0, f32 activations"
-            } else {
-                "Q4_1 and Q8_0 weights, f32 activations"
-            },
+            precision,
         }
     }
 
@@ -570,7 +569,8 @@ impl SessionSettings {
             .from_env()
             .model("SmolLM2-135M-Instruct (Q4_1 GGUF)")
             .prompt(self.prompt.clone())
-            .dtype(self.dtype)
+            .dtype(dtype_text(&self.precision))
+            .precision(self.precision.clone())
             .device("cpu");
         if let Some((rank, world_size)) = rank {
             builder = builder.rank(rank, world_size);

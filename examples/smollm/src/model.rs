@@ -23,11 +23,12 @@ use crate::batch::{Batch, Columns};
 use crate::bugs::{self, Bug};
 use crate::error::{Error, Result as LoadResult};
 use crate::gguf::Gguf;
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use crate::quant_linear::matmul_precision;
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use model_trace::{
     trace_attention, trace_kv_cache, trace_layer, trace_logits, trace_logits_value, trace_model,
-    trace_quant, trace_tensor,
+    trace_quant, trace_tensor, Precision,
 };
 use std::ops::Range;
 use std::path::Path;
@@ -98,96 +99,30 @@ impl Config {
     }
 }
 
-/// A matmul whose weight stays in its GGUF quantization, with the same matmul on the dequantized
-/// weight as the reference the quantization error is measured against.
-pub struct QuantLinear {
-    name: String,
-    weight: Arc<QTensor>,
-    matmul: QMatMul,
-    /// Filled on the first `forward_f32`, so untraced runs never pay for the f32 copy.
-    dequantized: OnceLock<Tensor>,
-}
+pub use crate::quant_linear::QuantLinear;
 
+/// The `#[trace_quant]` sites: SmolLM2's blocks are Q4_1 and its tied head Q8_0.
 impl QuantLinear {
-    pub fn new(name: impl Into<String>, weight: Arc<QTensor>) -> Result<Self> {
-        let matmul = QMatMul::from_arc(weight.clone())?;
-        Ok(Self {
-            name: name.into(),
-            weight,
-            matmul,
-            dequantized: OnceLock::new(),
-        })
-    }
-
-    /// `x @ Wᵀ` with the quantized kernel: `[.., in] -> [.., out]`.
-    ///
-    /// Dispatched by format because `#[trace_quant]` takes the format at compile time: each
-    /// format gets a site of its own so its records carry the right label. SmolLM2's blocks are
-    /// Q4_1 and its tied head Q8_0; any other format runs unrecorded rather than mislabelled.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self.weight.dtype() {
+    /// The quantized kernel through the site of its format (see [`QuantLinear::forward`]):
+    /// dispatched by format because `#[trace_quant]` takes the format at compile time, so that
+    /// each format's records carry the right label; any other format runs unrecorded rather
+    /// than mislabelled.
+    pub(crate) fn forward_quantized(&self, x: &Tensor) -> Result<Tensor> {
+        match self.ggml_dtype() {
             GgmlDType::Q4_1 => self.forward_q4_1(x),
             GgmlDType::Q8_0 => self.forward_q8_0(x),
-            _ => self.matmul.forward(x),
+            _ => self.kernel(x),
         }
     }
 
     #[trace_quant(reference = Self::forward_f32, quant = Q4_1, name = "q4_1_matmul")]
     fn forward_q4_1(&self, x: &Tensor) -> Result<Tensor> {
-        self.matmul.forward(x)
+        self.kernel(x)
     }
 
     #[trace_quant(reference = Self::forward_f32, quant = Q8_0, name = "q8_0_matmul")]
     fn forward_q8_0(&self, x: &Tensor) -> Result<Tensor> {
-        self.matmul.forward(x)
-    }
-
-    /// `x @ Wᵀ` against the dequantized f32 weight, same shapes as [`QuantLinear::forward`].
-    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
-        let weight = self.dequantized_weight()?;
-        x.broadcast_matmul(&weight.t()?)
-    }
-
-    /// The weight as f32 `[out, in]`, dequantized once.
-    pub fn dequantized_weight(&self) -> Result<&Tensor> {
-        if let Some(weight) = self.dequantized.get() {
-            return Ok(weight);
-        }
-        let weight = self.weight.dequantize(&self.weight.device())?;
-        // A concurrent caller may have won the race; either copy is the same.
-        let _ = self.dequantized.set(weight);
-        self.dequantized
-            .get()
-            .ok_or_else(|| candle_core::Error::Msg("dequantized weight vanished".into()))
-    }
-
-    /// Replaces the quantized kernel by an f32 matmul on the dequantized weight (what
-    /// `CANDLE_DEQUANTIZE_ALL=1` makes candle's `QMatMul::from_arc` do): the same weights, no
-    /// 8-bit rounding of the activations.
-    pub fn dequantize(&mut self) -> Result<()> {
-        let weight = self.weight.dequantize(&self.weight.device())?;
-        self.matmul = QMatMul::Tensor(weight);
-        Ok(())
-    }
-
-    /// Whether [`dequantize`](Self::dequantize) (or `CANDLE_DEQUANTIZE_ALL`) made it an f32
-    /// matmul.
-    pub fn is_dequantized(&self) -> bool {
-        !matches!(self.matmul, QMatMul::QTensor(_))
-    }
-
-    /// The GGUF tensor name, e.g. `blk.3.attn_q.weight`.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn ggml_dtype(&self) -> GgmlDType {
-        self.weight.dtype()
-    }
-
-    /// `(out_features, in_features)`.
-    pub fn dims(&self) -> Result<(usize, usize)> {
-        self.weight.shape().dims2()
+        self.kernel(x)
     }
 }
 
@@ -885,6 +820,19 @@ impl Model {
             }
         }
         self.output.head.dequantize()
+    }
+
+    /// What the model computes in, for the trace header
+    /// ([`model_trace::SessionBuilder::precision`]): the matmul weights' types as loaded
+    /// ([`matmul_precision`]: the file's, or F32 where `--dequantize`
+    /// ([`dequantize_matmuls`](Self::dequantize_matmuls)) or candle's `CANDLE_DEQUANTIZE_ALL`
+    /// dequantized them), the tied Q8_0 head among them; f32 activations and KV cache. The token
+    /// embeddings are rows of the file's Q8_0 table dequantized to f32 as they are looked up,
+    /// whatever the mode: a lookup of exact values, not a matmul, so not in `weights`.
+    pub fn precision(&self) -> Precision {
+        matmul_precision(self.quant_linears())
+            .activations("F32")
+            .kv_cache("F32")
     }
 
     pub fn quant_linears(&self) -> Vec<&QuantLinear> {
