@@ -89,6 +89,14 @@ impl WeightsSaid {
         }
     }
 
+    /// The KV cache's type, upper case, where `metadata.precision` says.
+    pub(crate) fn kv_cache(&self) -> Option<String> {
+        match &self.said {
+            Said::Precision(p) => p.kv_cache.as_deref().map(str::to_ascii_uppercase),
+            _ => None,
+        }
+    }
+
     /// The header's `metadata.precision`, if it has one.
     pub(crate) fn precision(&self) -> Option<&Precision> {
         match &self.said {

@@ -175,6 +175,16 @@ fn each_pair_of_precisions_chooses_its_tolerance_and_says_why() {
             "no measured default for F32 weights against BF16",
         ),
         (
+            with(Precision::float("F32").kv_cache("F16").source("llama.cpp")),
+            float_rounding,
+            "no_measured_default",
+            1e-5,
+            1e-5,
+            "elementwise",
+            1,
+            "no measured default for F32 weights with a KV cache in F16",
+        ),
+        (
             Header::default(),
             float_rounding,
             "precision_unknown",

@@ -207,15 +207,19 @@ impl DiffReport<'_> {
         }
     }
 
-    /// Under a tolerance for the same float weights, a divergence in layer 0 or at the first
-    /// tensor compared says more of the weights than of the code.
+    /// Under a tolerance for the same float weights, values that differ in layer 0 or at the
+    /// first tensor compared may say more of the weights than of the code (a shape that
+    /// differs says nothing of them).
     fn weights_hint(&self, out: &mut String, d: &Divergence<'_>) {
-        if self.tolerance_choice.assumes_same_weights() && (d.layer == 0 || d.first_compared) {
+        let start = d.layer == 0 || d.first_compared;
+        let values = d.detail.pair.verdict == Verdict::Diverged;
+        if self.tolerance_choice.assumes_same_weights() && start && values {
             let _ = writeln!(
                 out,
                 "  hint: the tolerance assumes both runs computed on the same float weights, and \
                  they part at the start: the weights may not be the same (another file, another \
-                 dequantization, a norm's +1 folded in or not)"
+                 dequantization, a norm's +1 folded in or not), or a kernel of one side rounds \
+                 where the other's does not"
             );
         }
     }
