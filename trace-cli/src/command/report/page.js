@@ -640,13 +640,14 @@
     const split = [];
     if (D.split) {
       const S = D.split, perLayer = (values) => values.map((v, layer) => [layer, v]);
+      // The total last and dashed: where one part dominates it lies on that part's curve.
       const parts = [
-        { name: "total (quantized − reference)", color: PALETTE[0], points: perLayer(S.total) },
         { name: "quantization (quantized − this)", color: PALETTE[1], points: perLayer(S.quantization) },
         { name: "logic (this − reference)", color: PALETTE[2], points: perLayer(S.logic) }];
       if (S.quant_records.some((v) => v !== null)) {
-        parts.push({ name: "quantization records (worst)", color: PALETTE[1], dashed: true, points: perLayer(S.quant_records) });
+        parts.push({ name: "quantization records (worst)", color: PALETTE[4], dashed: true, points: perLayer(S.quant_records) });
       }
+      parts.push({ name: "total (quantized − reference)", color: PALETTE[0], dashed: true, points: perLayer(S.total) });
       split.push(h("p", {}, `The error split against the quantized run ${S.quantized}, pass ${D.curve_pass}: per layer, its stage with the largest total error, ‖·‖ / ‖reference‖${S.exact ? "" : " (some estimated from the sketches)"}; the total is the sum of the two parts as vectors, and a logic part above float rounding is the port's own.`),
         h("div", { class: "plot", id: "diff-split" }, linePlot(parts, { xLabel: "layer", yLabel: "‖·‖ / ‖reference‖", logY: true, integerX: true, markers, width: 900, empty: "no error above 0" }), legend(parts.map((x) => [x.name, x.color, x.dashed]))));
     }
