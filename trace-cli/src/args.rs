@@ -12,6 +12,8 @@ use trace_runtime::compare::{
     CompareOptions, ErrorStat, NameMap, Tolerances, DEFAULT_ERROR_QUANTILE,
 };
 
+use crate::comparison::default_tolerance::ToleranceChoice;
+use crate::comparison::CompareSettings;
 use crate::input::InputError;
 
 /// Read model-trace trace files: what one holds, its summary, whether its stages mean what
@@ -82,7 +84,10 @@ pub(crate) enum Command {
     },
     /// Compare a trace with a reference: the first divergence in execution order, what differs
     /// there and by how much, the error layer by layer, and the first pass where the two runs
-    /// chose different next tokens (a near-tie or a divergence).
+    /// chose different next tokens (a near-tie or a divergence). With no --atol, --rtol or
+    /// --check-error-stat, the tolerance is chosen from the two headers' precisions
+    /// (metadata.precision) and the output says which and why: the same F32 weights, norm at
+    /// rtol 1e-4; quantized weights on either side, norm at rtol 0.15; else elementwise 1e-5.
     Diff(DiffArgs),
     /// One self-contained HTML page of plots: each stage through the layers, the outputs
     /// through the passes, the attention heads, logit evolution, quantization error, KV cache,
@@ -115,17 +120,23 @@ pub(crate) struct DiffArgs {
     pub(crate) other: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) compare: CompareArgs,
+    #[command(flatten)]
+    pub(crate) split: SplitArgs,
     /// Pair the traces' layer tensors row by row at each token's position (sequence, position,
     /// layer, stage) instead of pass by pass: for two runs of one model that computed the same
     /// tokens in other passes (one prefill against a prefill and decode steps, chunks against
     /// the whole). Needs traces recorded with row summaries (the examples' --rows); chosen by
     /// itself when both traces have them and their passes differ.
-    #[arg(long, conflicts_with_all = ["isolated", "floor"])]
+    #[arg(long, conflicts_with_all = ["isolated", "floor", "quantized"])]
     pub(crate) by_position: bool,
     /// A batch's trace (left-padded prompts decoded together), compared row by row with each
     /// prompt's run alone (REFERENCE, OTHER...), by position, padding left out. Needs row
     /// summaries, as --by-position.
-    #[arg(long, value_name = "BATCH", conflicts_with_all = ["isolated", "floor"])]
+    #[arg(
+        long,
+        value_name = "BATCH",
+        conflicts_with_all = ["isolated", "floor", "quantized"]
+    )]
     pub(crate) batch: Option<PathBuf>,
     /// The largest relative L2 error of a row (estimated from the rows' sketches) in a
     /// comparison by position or of a batch.
@@ -156,6 +167,7 @@ pub(crate) struct DiffArgs {
 /// Options of `report`.
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("floored").arg("floor").requires("against")))]
+#[command(group(ArgGroup::new("split").arg("quantized").requires("against")))]
 pub(crate) struct ReportArgs {
     /// The trace file, or the rank files of one run (as for `list`).
     #[arg(required = true)]
@@ -168,6 +180,8 @@ pub(crate) struct ReportArgs {
     pub(crate) output: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) compare: CompareArgs,
+    #[command(flatten)]
+    pub(crate) split: SplitArgs,
     /// With --against, the pass of the per-layer error curve (default: the first divergence's,
     /// else the one with the largest error).
     #[arg(long)]
@@ -206,6 +220,24 @@ pub(crate) struct FloorArgs {
     pub(crate) floor_factor: f64,
 }
 
+/// The error of a quantized port split into the quantization's part and the logic's (`diff`,
+/// `report --against`).
+#[derive(Debug, Args)]
+pub(crate) struct SplitArgs {
+    /// The compared trace's program again, on its quantized weights (OTHER is then the port on
+    /// the weights REFERENCE uses, dequantized: candle's CANDLE_DEQUANTIZE_ALL=1, the examples'
+    /// --dequantize). Per layer of the table's pass, its stage with the largest total error
+    /// (QUANTIZED against REFERENCE) split into the quantization's part (QUANTIZED against
+    /// OTHER) and the logic's (OTHER against REFERENCE), each ‖·‖/‖REFERENCE‖, the larger
+    /// named, beside the layer's quantization records where QUANTIZED has some; the identity
+    /// total = quantization + logic is checked on the values. Exact where all three captured
+    /// the tensor, else estimated from the sketches (≈). The verdict stays OTHER's against
+    /// REFERENCE (the logic, at the tight tolerance); a warning where QUANTIZED's header does
+    /// not say it is quantized or OTHER's that it is not. `report` plots the three per layer.
+    #[arg(long, value_name = "QUANTIZED")]
+    pub(crate) quantized: Option<PathBuf>,
+}
+
 /// `--floor-factor`'s default.
 const DEFAULT_FLOOR_FACTOR: f64 = 2.0;
 
@@ -218,26 +250,34 @@ fn floor_factor(text: &str) -> Result<f64, String> {
 }
 
 /// How two traces are compared (`diff`, `report --against`).
+///
+/// Given none of --atol, --rtol and --check-error-stat, the comparison chooses its tolerance
+/// from the two headers' precisions (`metadata.precision`) and says which and why: the same
+/// F32 weights on both sides, the norm criterion at rtol 1e-4 (float rounding); quantized
+/// weights on either side, the norm criterion at rtol 0.15 (the quantization's noise); anything
+/// else (F32 against BF16, a header that does not say), elementwise at 1e-5. Any of the three
+/// given, the flags decide (the others at that built-in default).
 #[derive(Debug, Args)]
 pub(crate) struct CompareArgs {
     /// Absolute tolerance, `VALUE` or `NAME:VALUE` for the tensors whose full name
     /// (`layer.3.mlp_out`, `layer.30.logits`) matches the glob NAME; repeatable, the last
     /// matching override wins; an override that matches no tensor of either trace is a
-    /// warning. Default 1e-5.
+    /// warning. Default: chosen from the headers' precisions (1e-5 for every pair); given,
+    /// 1e-5 unless this sets it.
     #[arg(long, value_name = "[NAME:]VALUE")]
     atol: Vec<String>,
-    /// Relative tolerance (times the reference's magnitude), like --atol. Default 1e-5.
+    /// Relative tolerance (times the reference's magnitude), like --atol. Default: chosen from
+    /// the headers' precisions (1e-4 for the same F32 weights on both sides, 0.15 with
+    /// quantized weights on either, else 1e-5); with --atol or --check-error-stat given, 1e-5
+    /// unless this sets it.
     #[arg(long, value_name = "[NAME:]VALUE")]
     rtol: Vec<String>,
     /// Which statistic of the error decides (for captured tensors; summaries are checked
     /// against the bounds it implies): `STAT`, or `NAME:STAT` for the tensors whose full name
-    /// matches the glob NAME, like --atol.
-    #[arg(
-        long,
-        value_name = "[NAME:]STAT",
-        value_parser = ErrorStatArgument,
-        default_value = ErrorStat::default().name()
-    )]
+    /// matches the glob NAME, like --atol. Default: chosen from the headers' precisions (norm
+    /// for the same F32 weights or quantized ones, else elementwise); with --atol or --rtol
+    /// given, elementwise unless this sets it.
+    #[arg(long, value_name = "[NAME:]STAT", value_parser = ErrorStatArgument)]
     check_error_stat: Vec<String>,
     /// The quantile for `--check-error-stat quantile`.
     #[arg(long, default_value_t = DEFAULT_ERROR_QUANTILE)]
@@ -253,8 +293,20 @@ pub(crate) struct CompareArgs {
 }
 
 impl CompareArgs {
-    /// The runtime's comparison options (reading `--map` files).
-    pub(crate) fn options(&self) -> Result<CompareOptions, InputError> {
+    /// The runtime's comparison options (reading `--map` files), and the tolerance decided
+    /// where --atol, --rtol or --check-error-stat is given (else it is chosen from the
+    /// traces' headers).
+    pub(crate) fn settings(&self) -> Result<CompareSettings, InputError> {
+        let given =
+            !(self.atol.is_empty() && self.rtol.is_empty() && self.check_error_stat.is_empty());
+        Ok(CompareSettings {
+            options: self.options()?,
+            choice: given.then(ToleranceChoice::given),
+        })
+    }
+
+    /// The runtime's comparison options (reading `--map` files), the tolerances as given.
+    fn options(&self) -> Result<CompareOptions, InputError> {
         let mut options = CompareOptions {
             use_captures: !self.summaries_only,
             ..CompareOptions::default()

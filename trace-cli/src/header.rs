@@ -152,6 +152,9 @@ fn describe_metadata(out: &mut String, meta: &RunMetadata, colors: &Colors) -> s
     if !said.is_empty() {
         writeln!(out, "{} {}", colors.bold("about:"), said.join("; "))?;
     }
+    if let Some(precision) = &meta.precision {
+        writeln!(out, "{} {precision}", colors.bold("precision:"))?;
+    }
     Ok(())
 }
 

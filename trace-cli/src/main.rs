@@ -8,7 +8,8 @@
 //! the subcommands (`command/`, one file each, with the exit outcome); they do their work
 //! through what two of them share: two traces compared (`comparison/`, for `diff` and
 //! `report --against`), the stage check (`stage_check`, for `check` and `diff`) and the lines
-//! about a trace's header (`header`, for `list` and `summary`); all of them stand on the
+//! about a trace's header (`header`, for `list` and `summary`), what a header says of its
+//! precision (`precision`, for the tolerance `diff` chooses); all of them stand on the
 //! bottom layer: reading trace files (`input/`), writing output (`output`) and colour
 //! (`style`).
 
@@ -20,6 +21,7 @@ mod comparison;
 mod header;
 mod input;
 mod output;
+mod precision;
 mod stage_check;
 mod style;
 

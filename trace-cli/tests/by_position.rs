@@ -7,7 +7,10 @@ mod common;
 
 use std::path::Path;
 
-use model_trace::{trace_layer, trace_model, trace_tensor, ModelTracerConfig, Session, TensorRef};
+use model_trace::{
+    trace_layer, trace_model, trace_tensor, ModelTracerConfig, Precision, Session, SessionBuilder,
+    TensorRef,
+};
 
 use common::{run, scratch, text};
 
@@ -79,13 +82,23 @@ const IDS: [u32; 12] = [3, 14, 15, 9, 2, 6, 5, 35, 8, 97, 9, 32];
 
 /// Writes what `run` records into `dir/name`, rows summarised when `rows`.
 fn write(dir: &Path, name: &str, rows: bool, run: impl FnOnce()) -> String {
+    write_with(dir, name, rows, |builder| builder, run)
+}
+
+/// [`write`], the session's builder finished by `configure`.
+fn write_with(
+    dir: &Path,
+    name: &str,
+    rows: bool,
+    configure: impl FnOnce(SessionBuilder) -> SessionBuilder,
+    run: impl FnOnce(),
+) -> String {
     let path = dir.join(name);
     let config = ModelTracerConfig {
         row_summaries: rows,
         ..ModelTracerConfig::lightweight()
     };
-    let session = Session::builder(config)
-        .trace_file(&path)
+    let session = configure(Session::builder(config).trace_file(&path))
         .start()
         .expect("the trace file can be created");
     run();
@@ -137,6 +150,46 @@ fn a_stale_cache_row_is_named_at_its_first_decode_position() {
     assert_eq!(report["mode"], "by_position");
     assert_eq!(report["first"]["place"]["position"], 8);
     assert_eq!(report["first"]["passes"], serde_json::json!([0, 1]));
+}
+
+#[test]
+fn a_divergence_of_quantized_runs_notes_the_floor_their_header_states() {
+    let dir = scratch("by-position-quantized");
+    let note = "note: the header says the weights are quantized";
+    // The header's structured precision first, then its dtype text.
+    let cases = [
+        (Some(Precision::quantized(["Q4_K"])), None, true),
+        (None, Some("Q4_1 and Q8_0 weights, f32 activations"), true),
+        (
+            Some(Precision::quantized(["Q4_K"]).dequantized_to("F32")),
+            Some("Q4_1 weights"),
+            false,
+        ),
+        (None, Some("f32 weights dequantized from Q4_1"), false),
+    ];
+    for (at, (precision, dtype, noted)) in cases.into_iter().enumerate() {
+        let header = |mut builder: SessionBuilder| {
+            if let Some(precision) = precision.clone() {
+                builder = builder.precision(precision);
+            }
+            if let Some(dtype) = dtype {
+                builder = builder.dtype(dtype);
+            }
+            builder
+        };
+        let whole = write_with(&dir, &format!("whole{at}.ndjson"), true, header, || {
+            Model::new(false).forward(&IDS, 1, &[0], 0)
+        });
+        let split = write_with(&dir, &format!("split{at}.ndjson"), true, header, || {
+            let mut model = Model::new(true);
+            model.forward(&IDS[..8], 1, &[0], 0);
+            model.forward(&IDS[8..9], 1, &[0], 8);
+        });
+        let output = run(&["diff", &whole, &split]);
+        let out = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{out}");
+        assert_eq!(out.contains(note), noted, "case {at}: {out}");
+    }
 }
 
 #[test]

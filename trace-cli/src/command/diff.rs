@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::comparison::isolated::{fed_from_elsewhere, LocalErrors};
 use crate::comparison::positions::{PositionReport, TraceRows};
-use crate::comparison::{DiffReport, Floor, TraceComparison};
+use crate::comparison::{ComparedTraces, DiffReport, Floor, TraceComparison};
 use crate::input::InputError;
 use crate::style::Colors;
 
@@ -34,13 +34,16 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
     if let Some(report) = by_position(args, other)? {
         return emit_positions(&report, args.json);
     }
-    let options = args.compare.options()?;
-    let floor = args.floor.floor.as_deref().map(|path| Floor {
-        path,
-        factor: args.floor.floor_factor,
-    });
-    let comparison =
-        TraceComparison::read(&args.reference, other, floor, options.clone(), args.pass)?;
+    let traces = ComparedTraces {
+        reference: &args.reference,
+        other,
+        floor: args.floor.floor.as_deref().map(|path| Floor {
+            path,
+            factor: args.floor.floor_factor,
+        }),
+        quantized: args.split.quantized.as_deref(),
+    };
+    let comparison = TraceComparison::read(traces, args.compare.settings()?, args.pass)?;
     comparison.warn_stage_check();
     let Some(isolated_path) = &args.isolated else {
         let report = comparison.report();
@@ -59,8 +62,12 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
     // The isolated run's table is about the same pass as the other's.
     let table_pass = Some(comparison.table_pass());
     // With a floor, the isolated run is judged by the same tolerances, tensor by tensor.
-    let isolated =
-        TraceComparison::read(&args.reference, isolated_path, floor, options, table_pass)?;
+    let isolated_traces = ComparedTraces {
+        other: isolated_path,
+        quantized: None,
+        ..traces
+    };
+    let isolated = TraceComparison::read(isolated_traces, comparison.settings(), table_pass)?;
     if let Some(warning) = isolated.other_stage_check_warning("the isolated run") {
         eprintln!("model-trace: warning: {warning}");
     }
@@ -110,6 +117,14 @@ fn by_position(args: &DiffArgs, other: &Path) -> Result<Option<PositionReport>, 
     let (expected, actual) = (TraceRows::read(&args.reference)?, TraceRows::read(other)?);
     if !asked && !expected.rows.passes_differ(&actual.rows) {
         return Ok(None);
+    }
+    if args.split.quantized.is_some() {
+        return Err(format!(
+            "--quantized splits the error pass by pass, but {} and {} ran the tokens in other \
+             passes (they are compared by position): record the three runs with the same passes",
+            args.reference.display(),
+            other.display()
+        ));
     }
     PositionReport::pair(&expected, &actual, args.row_rtol).map(Some)
 }

@@ -13,8 +13,9 @@ use serde::Serialize;
 
 use crate::args::ReportArgs;
 use crate::command::Outcome;
+use crate::comparison::split::{LayerSplit, PassSplit};
 use crate::comparison::tokens::TokenVerdict;
-use crate::comparison::{Floor, TensorJudgement, TraceComparison};
+use crate::comparison::{ComparedTraces, Floor, TensorJudgement, TraceComparison};
 use crate::input::{self, InputError, TraceRun};
 use crate::style::Colors;
 
@@ -40,6 +41,27 @@ pub(crate) struct DiffData {
     passes: Vec<PassRatio>,
     /// With `--floor`: the floor's error and this trace's, layer by layer.
     floor: Option<FloorData>,
+    /// With `--quantized`: the error split, layer by layer.
+    split: Option<SplitData>,
+}
+
+/// The error split of `curve_pass`, per layer its stage with the largest total (`[layer]`,
+/// null where a layer has none split).
+#[derive(Debug, Serialize)]
+struct SplitData {
+    /// The quantized run.
+    quantized: String,
+    stages: Vec<Option<String>>,
+    /// `‖QUANTIZED − REF‖ / ‖REF‖`.
+    total: Vec<Option<f64>>,
+    /// `‖QUANTIZED − THIS‖ / ‖REF‖`.
+    quantization: Vec<Option<f64>>,
+    /// `‖THIS − REF‖ / ‖REF‖`.
+    logic: Vec<Option<f64>>,
+    /// The worst relative error of the layer's quantization records.
+    quant_records: Vec<Option<f64>>,
+    /// Whether every layer's parts are exact (else some are estimated from sketches).
+    exact: bool,
 }
 
 /// The errors against the reference of a floor and of the trace, in `curve_pass`.
@@ -110,7 +132,6 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
     let mut data = collector.finish(run.label.clone(), notes.bytes, notes.truncation());
     let mut outcome = Outcome::Ok;
     if let Some(reference) = &args.against {
-        let options = args.compare.options()?;
         let against = match &args.files[..] {
             [one] => one,
             _ => {
@@ -119,17 +140,28 @@ pub(crate) fn run(args: &ReportArgs) -> Result<Outcome, InputError> {
                 )
             }
         };
-        let floor = args.floor.floor.as_deref().map(|path| Floor {
-            path,
-            factor: args.floor.floor_factor,
-        });
-        let comparison = TraceComparison::read(reference, against, floor, options, args.pass)?;
+        let traces = ComparedTraces {
+            reference,
+            other: against,
+            floor: args.floor.floor.as_deref().map(|path| Floor {
+                path,
+                factor: args.floor.floor_factor,
+            }),
+            quantized: args.split.quantized.as_deref(),
+        };
+        let comparison = TraceComparison::read(traces, args.compare.settings()?, args.pass)?;
         comparison.warn_unused_overrides();
         comparison.warn_stage_check();
         if comparison.diverged() {
             outcome = Outcome::Diverged;
         }
-        data.diff = Some(diff_data(reference, &comparison));
+        let mut diff = diff_data(reference, &comparison);
+        diff.split = args
+            .split
+            .quantized
+            .as_deref()
+            .map(|quantized| split_data(quantized, comparison.table_split()));
+        data.diff = Some(diff);
     }
     let html = page(&data)?;
     crate::output::write_file(&output, |out| out.write_all(html.as_bytes()))?;
@@ -219,6 +251,33 @@ fn diff_data(reference: &Path, comparison: &TraceComparison) -> DiffData {
             })
             .collect(),
         floor,
+        split: None,
+    }
+}
+
+/// The split's per-layer curves.
+fn split_data(quantized: &Path, split: &PassSplit) -> SplitData {
+    let layers = split.layers();
+    let count = layers.last().map_or(0, |row| row.layer + 1);
+    let curve = |value: &dyn Fn(&LayerSplit<'_>) -> Option<f64>| {
+        let mut curve = vec![None; count];
+        for row in &layers {
+            curve[row.layer] = value(row);
+        }
+        curve
+    };
+    let mut stages = vec![None; count];
+    for row in &layers {
+        stages[row.layer] = Some(row.stage.to_owned());
+    }
+    SplitData {
+        quantized: quantized.display().to_string(),
+        stages,
+        total: curve(&|row| row.total),
+        quantization: curve(&|row| row.quantization),
+        logic: curve(&|row| row.logic),
+        quant_records: curve(&|row| row.quant_records.map(|q| q.worst_relative_error)),
+        exact: layers.iter().all(|row| row.exact),
     }
 }
 

@@ -5,8 +5,10 @@
 use serde::Serialize;
 use trace_runtime::compare::{CompareOptions, TensorKey, Tolerances, Unmatched};
 
+use super::default_tolerance::ToleranceChoice;
 use super::findings::{Findings, FirstItems, PassRow, VerdictCounts};
 use super::floor::{TensorJudgement, TensorWithoutFloor};
+use super::split::SplitReport;
 use super::stream::ReaderTally;
 use super::tokens::FirstTokenDivergence;
 use super::{before_first_layer, worst_per_layer};
@@ -19,6 +21,9 @@ pub(crate) struct DiffReport<'a> {
     pub(super) reference: &'a FileInfo,
     pub(super) other: &'a FileInfo,
     pub(super) tolerance: &'a Tolerances,
+    /// Where the tolerance came from: given, or chosen from the two headers' precisions, and
+    /// why.
+    pub(super) tolerance_choice: &'a ToleranceChoice,
     /// The floor's trace (`--floor`), which set the rtol tensor by tensor; `null` without.
     pub(super) floor: Option<&'a FileInfo>,
     /// How many times the floor's error the other may have; `null` without a floor.
@@ -40,6 +45,9 @@ pub(crate) struct DiffReport<'a> {
     pub(super) layers: Vec<LayerRow<'a>>,
     /// Per pass: the worst ratio and how many tensors diverged.
     pub(crate) passes: &'a [PassRow],
+    /// With `--quantized`: the error split of the table's pass, layer by layer and tensor by
+    /// tensor, and the identity's residual over the run; `null` without.
+    pub(super) split: Option<SplitReport<'a>>,
     /// Tensors only in the reference: the first [`LISTED`](super::LISTED).
     pub(super) missing: &'a [Unmatched],
     /// How many tensors are only in the reference.
@@ -97,6 +105,9 @@ pub(crate) struct Divergence<'a> {
     /// layer, computed by no layer (not drift inherited from one).
     pub(crate) before_first_layer: bool,
     pub(super) seq: u64,
+    /// It is the first tensor compared.
+    #[serde(skip)]
+    pub(super) first_compared: bool,
     #[serde(flatten)]
     pub(super) detail: &'a TensorJudgement,
 }
@@ -121,6 +132,8 @@ impl<'a> DiffReport<'a> {
         floor: Option<&'a FileInfo>,
         findings: &'a Findings,
         options: &'a CompareOptions,
+        tolerance_choice: &'a ToleranceChoice,
+        split: Option<SplitReport<'a>>,
     ) -> Self {
         let layers = worst_per_layer(&findings.table.pairs);
         let no_floor = (findings.no_floor.count > 0).then(|| {
@@ -135,6 +148,7 @@ impl<'a> DiffReport<'a> {
             reference: &files[0],
             other: &files[1],
             tolerance: &options.tolerances,
+            tolerance_choice,
             floor,
             floor_factor: findings.floor_factor,
             compared: &findings.counts,
@@ -144,6 +158,7 @@ impl<'a> DiffReport<'a> {
                 stage: &f.pair.name,
                 before_first_layer: before_first_layer(&f.pair),
                 seq: f.pair.seq,
+                first_compared: findings.first_is_first_compared,
                 detail: f,
             }),
             first_token_divergence: findings.choices.first.as_ref(),
@@ -159,6 +174,7 @@ impl<'a> DiffReport<'a> {
                 })
                 .collect(),
             passes: &findings.passes,
+            split,
             missing: &findings.missing.items,
             missing_count: findings.missing.count,
             extra: &findings.extra.items,

@@ -12,6 +12,7 @@ use trace_runtime::compare::{
 use trace_runtime::{CaptureError, CaptureFiles};
 
 use super::floor::{NoFloor, TensorFloor, TensorJudgement, TensorWithoutFloor};
+use super::split::{PassSplit, Splitter};
 use super::stream::{PassTensors, ReaderTally};
 use super::tokens::{Choices, PassLogits};
 use super::LISTED;
@@ -54,12 +55,17 @@ pub(super) struct Findings {
     /// Compared tensors whose error and the floor's were measured unlike: one by captures, the
     /// other bounded by summaries.
     pub(super) unlike_floor: FirstItems<TensorKey>,
-    /// Passes that consumed other token ids than the reference's: the other's, the floor's.
-    other_tokens: [TokenMismatches; 2],
+    /// Passes that consumed other token ids than the reference's: per run after the
+    /// reference (the other's, the floor's, the quantized run's).
+    other_tokens: Vec<TokenMismatches>,
     /// The capture files read so far, each one's header parsed once.
     captures: CaptureFiles,
     /// The tokens each run chose, pass by pass, until they part.
     pub(super) choices: Choices,
+    /// With a quantized run (`--quantized`): the error split, folded pass by pass.
+    pub(super) split: Option<Splitter>,
+    /// Whether the first divergence is the first tensor compared.
+    pub(super) first_is_first_compared: bool,
 }
 
 /// How many compared tensors had each verdict.
@@ -80,13 +86,15 @@ pub(crate) struct PassRow {
     pub(crate) diverged: usize,
 }
 
-/// The pass of the per-layer table and its compared tensors.
+/// The pass of the per-layer table, its compared tensors and their split.
 #[derive(Debug, Default)]
 pub(super) struct TablePass {
     /// The pass asked for.
     requested: Option<usize>,
     pub(super) pass: Option<usize>,
     pub(super) pairs: Vec<TensorJudgement>,
+    /// The split of its tensors, with a quantized run.
+    pub(super) split: PassSplit,
     /// Its worst ratio, while it is the pass with the largest error.
     worst_ratio: f64,
 }
@@ -191,7 +199,37 @@ impl Findings {
         if let Some(pass) = pass {
             self.choose_tokens(pass, passes, &compared.pairs);
         }
-        self.fold(pass, floors.as_ref(), compared);
+        let split = self.split_pass(passes, options);
+        self.fold(pass, floors.as_ref(), compared, split);
+    }
+
+    /// The error split of one pass (see [`Self::compare_passes`]), with a quantized run.
+    fn split_pass(
+        &mut self,
+        passes: &[Option<PassTensors>],
+        options: &CompareOptions,
+    ) -> PassSplit {
+        let Some(splitter) = self.split.as_mut() else {
+            return PassSplit::default();
+        };
+        let tensors = |at: usize| passes.get(at).and_then(Option::as_ref);
+        let (Some(reference), Some(other)) = (tensors(0), tensors(1)) else {
+            return PassSplit::default();
+        };
+        let quantized = tensors(splitter.at).map(|q| (&q.tensors, q.quant.as_slice()));
+        let captures = &mut self.captures;
+        let mut warnings = Vec::new();
+        let split = splitter.pass(
+            [&reference.tensors, &other.tensors],
+            quantized,
+            options,
+            &mut |tensor| captured(captures, tensor),
+            &mut warnings,
+        );
+        for warning in warnings {
+            self.warnings.push(warning);
+        }
+        split
     }
 
     /// Hands on what the two runs chose in `pass` (`passes`: one of each trace): their logits
@@ -238,6 +276,10 @@ impl Findings {
     /// floor (`at`: 0, 1), `labels` and `ids` the reference's then theirs; past
     /// [`TOKEN_WARNINGS`] such passes of that trace, counts it instead.
     fn other_tokens_in(&mut self, at: usize, pass: usize, labels: [&str; 2], ids: [&[u32]; 2]) {
+        if self.other_tokens.len() <= at {
+            self.other_tokens
+                .resize_with(at + 1, TokenMismatches::default);
+        }
         let seen = &mut self.other_tokens[at];
         seen.passes += 1;
         if seen.passes > TOKEN_WARNINGS {
@@ -295,12 +337,14 @@ impl Findings {
             .collect()
     }
 
-    /// Folds one pass's comparison in, with what the floor says of its tensors.
+    /// Folds one pass's comparison in, with what the floor says of its tensors and their
+    /// split.
     fn fold(
         &mut self,
         pass: Option<usize>,
         floors: Option<&HashMap<TensorKey, TensorFloor>>,
         compared: Comparison,
+        split: PassSplit,
     ) {
         for unmatched in compared.missing {
             self.saw(unmatched.layer, &unmatched.name);
@@ -326,7 +370,8 @@ impl Findings {
             (false, true) => FirstDivergence::Here,
             (false, false) => FirstDivergence::NotYet,
         };
-        self.table.offer(pass, pairs, row.worst_ratio, first);
+        self.table
+            .offer(pass, (pairs, split), row.worst_ratio, first);
         self.passes.push(row);
     }
 
@@ -374,6 +419,7 @@ impl Findings {
                 let fed = self.inputs_fed && pair.name == "input";
                 if self.first.is_none() && !fed {
                     self.first = Some(judged.clone());
+                    self.first_is_first_compared = self.counts.matched == 1;
                 }
             }
         }
@@ -427,13 +473,13 @@ impl VerdictCounts {
 }
 
 impl TablePass {
-    /// Takes one pass's `pairs` as the table's if theirs is the pass asked for; else, none
-    /// asked for, if the first divergence is in it, or (none anywhere yet) if it is the first
-    /// pass or its worst ratio is the largest so far.
+    /// Takes one pass's `pairs` and their split as the table's if theirs is the pass asked
+    /// for; else, none asked for, if the first divergence is in it, or (none anywhere yet) if
+    /// it is the first pass or its worst ratio is the largest so far.
     fn offer(
         &mut self,
         pass: Option<usize>,
-        pairs: Vec<TensorJudgement>,
+        (pairs, split): (Vec<TensorJudgement>, PassSplit),
         worst_ratio: f64,
         first: FirstDivergence,
     ) {
@@ -449,6 +495,7 @@ impl TablePass {
             self.pass = pass;
             self.worst_ratio = worst_ratio;
             self.pairs = pairs;
+            self.split = split;
         }
     }
 }

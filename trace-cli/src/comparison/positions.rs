@@ -12,13 +12,14 @@ use trace_runtime::compare::by_position::{
 use trace_runtime::Event;
 
 use crate::input::{read, InputError, TraceRun};
+use crate::precision::WeightsSaid;
 
 /// A trace's rows, read.
 pub(crate) struct TraceRows {
     pub(crate) path: PathBuf,
     pub(crate) rows: PositionRows,
-    /// What the header says of the run's element types (`dtype`), when it says.
-    dtype: Option<String>,
+    /// What the header says of the run's weights.
+    weights: WeightsSaid,
 }
 
 impl TraceRows {
@@ -37,20 +38,15 @@ impl TraceRows {
         Ok(Self {
             path: path.to_path_buf(),
             rows: PositionRows::from_events(&events),
-            dtype: run.header().metadata.dtype.clone(),
+            weights: WeightsSaid::of(run.header()),
         })
     }
 
     /// Whether the header says the weights are quantized GGUF types (`Q4_1`, `Q6_K`, ...) and
-    /// not dequantized: then the kernels' 8-bit rounding of their inputs sets the floor.
+    /// not dequantized (its `metadata.precision`, else its dtype text): then the kernels'
+    /// 8-bit rounding of their inputs sets the floor.
     fn quantized(&self) -> bool {
-        self.dtype.as_deref().is_some_and(|dtype| {
-            let dtype = dtype.to_ascii_lowercase();
-            !dtype.contains("dequantized")
-                && ["q2", "q3", "q4", "q5", "q6", "q8"]
-                    .iter()
-                    .any(|q| dtype.contains(&format!("{q}_")))
-        })
+        self.weights.is_quantized()
     }
 
     /// Whether the header says rows were recorded.

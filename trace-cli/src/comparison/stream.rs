@@ -5,7 +5,7 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use trace_runtime::compare::TraceTensors;
-use trace_runtime::Event;
+use trace_runtime::{Event, QuantizationErrorTrace};
 
 use super::tokens::{LogitsRecord, PassLogits};
 use crate::input::{self, InputError, TraceRun};
@@ -23,6 +23,9 @@ pub(super) struct PassTensors {
     pub(super) tokens: Option<Vec<u32>>,
     /// Its logits records' best tokens.
     pub(super) logits: PassLogits,
+    /// Its quantization records (`quant` events): each quantized computation's error against
+    /// its full-precision reference.
+    pub(super) quant: Vec<QuantizationErrorTrace>,
     pub(super) tensors: TraceTensors,
 }
 
@@ -131,6 +134,8 @@ struct PassSender<'a> {
     tokens: Option<Vec<u32>>,
     /// The logits records of the pass `current`.
     logits: PassLogits,
+    /// The quantization records of the pass `current`.
+    quant: Vec<QuantizationErrorTrace>,
     /// Tensors read.
     tensors: usize,
     /// Tensors that came after their pass had been sent.
@@ -153,6 +158,7 @@ impl<'a> PassSender<'a> {
             current: None,
             tokens: None,
             logits: PassLogits::default(),
+            quant: Vec::new(),
             tensors: 0,
             late: 0,
         }
@@ -183,8 +189,10 @@ impl<'a> PassSender<'a> {
             self.tokens = begin.tokens;
             return;
         }
-        if let Event::Logits(record) = &event {
-            self.logits.records.extend(LogitsRecord::of(record));
+        match &event {
+            Event::Logits(record) => self.logits.records.extend(LogitsRecord::of(record)),
+            Event::Quant(record) => self.quant.push(record.error.clone()),
+            _ => {}
         }
         let pending = &mut self.pending[at];
         let before = pending.tensors.len();
@@ -198,6 +206,7 @@ impl<'a> PassSender<'a> {
             pass: self.current,
             tokens: self.tokens.take(),
             logits: std::mem::take(&mut self.logits),
+            quant: std::mem::take(&mut self.quant),
             tensors: merged(&mut self.pending),
         };
         self.send(pass);
@@ -219,6 +228,7 @@ impl<'a> PassSender<'a> {
             pass: None,
             tokens: None,
             logits: PassLogits::default(),
+            quant: Vec::new(),
             tensors: merged(&mut self.outside),
         };
         self.send(outside);

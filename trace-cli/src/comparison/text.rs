@@ -7,6 +7,7 @@ use trace_runtime::compare::{
     full_name, Check, ErrorMeasure, TensorKey, Tolerances, Unmatched, Verdict,
 };
 
+use super::default_tolerance::{ToleranceChoice, ToleranceRule};
 use super::diff_report::{unlike_text, DiffReport, Divergence};
 use super::floor::{NoFloor, TensorJudgement};
 use super::tokens::TokenVerdict;
@@ -30,6 +31,10 @@ impl DiffReport<'_> {
         self.first_divergences(&mut out, colors);
         let _ = writeln!(out);
         self.layer_table(&mut out, colors);
+        if let Some(split) = &self.split {
+            let _ = writeln!(out);
+            split.text(&mut out, colors);
+        }
         out
     }
 
@@ -50,6 +55,18 @@ impl DiffReport<'_> {
             );
         }
         tolerance(out, colors, self.tolerance);
+        tolerance_choice(out, self.tolerance_choice);
+        if let Some(split) = &self.split {
+            let quantized = split.quantized;
+            let _ = writeln!(
+                out,
+                "{} {} ({}, {} tensors): the other run on quantized weights, for the error split",
+                colors.bold("quantized:"),
+                quantized.path,
+                quantized.writer,
+                quantized.tensors
+            );
+        }
         if let (Some(floor), Some(factor)) = (self.floor, self.floor_factor) {
             let _ = writeln!(
                 out,
@@ -166,7 +183,10 @@ impl DiffReport<'_> {
                     colors.good("no divergence: every matched tensor is within tolerance")
                 );
             }
-            Some(d) => describe(out, colors, d, self.tolerance, self.floor_factor),
+            Some(d) => {
+                describe(out, colors, d, self.tolerance, self.floor_factor);
+                self.weights_hint(out, d);
+            }
         }
         if let Some(tokens) = self.first_token_divergence {
             let text = tokens.text();
@@ -183,6 +203,23 @@ impl DiffReport<'_> {
                 out,
                 "same tokens: both runs chose the same next token in all {} passes compared",
                 self.token_passes_compared
+            );
+        }
+    }
+
+    /// Under a tolerance for the same float weights, values that differ in layer 0 or at the
+    /// first tensor compared may say more of the weights than of the code (a shape that
+    /// differs says nothing of them).
+    fn weights_hint(&self, out: &mut String, d: &Divergence<'_>) {
+        let start = d.layer == 0 || d.first_compared;
+        let values = d.detail.pair.verdict == Verdict::Diverged;
+        if self.tolerance_choice.assumes_same_weights() && start && values {
+            let _ = writeln!(
+                out,
+                "  hint: the tolerance assumes both runs computed on the same float weights, and \
+                 they part at the start: the weights may not be the same (another file, another \
+                 dequantization, a norm's +1 folded in or not), or a kernel of one side rounds \
+                 where the other's does not"
             );
         }
     }
@@ -322,6 +359,19 @@ fn tolerance(out: &mut String, colors: &Colors, t: &Tolerances) {
         t.error_stat,
         parenthesized(&stat_overrides)
     );
+}
+
+/// Under the tolerance line: where it came from and why, and what it does not cover.
+fn tolerance_choice(out: &mut String, choice: &ToleranceChoice) {
+    let source = match choice.rule {
+        ToleranceRule::SameFloatWeights | ToleranceRule::Quantized => "chosen from the headers: ",
+        // The reason says it is the built-in default, or that it was given.
+        _ => "",
+    };
+    let _ = writeln!(out, "  {source}{}", choice.reason);
+    if let Some(note) = choice.note {
+        let _ = writeln!(out, "  note: {note}");
+    }
 }
 
 /// `≈` for an estimate, nothing for an exact value.

@@ -44,14 +44,32 @@ pub fn embedded_data(page: &str) -> serde_json::Value {
 /// `capture`, every layer fed the inputs `isolate` captured if given.
 #[allow(dead_code)] // the tests that write traces of their own models only
 pub fn write_run(path: &Path, capture: bool, isolate: Option<&Path>, forward: impl FnOnce()) {
-    let config = model_trace::ModelTracerConfig::lightweight();
-    let mut builder = model_trace::Session::builder(config).trace_file(path);
-    if capture {
-        builder = builder.capture("*");
-    }
-    if let Some(reference) = isolate {
-        builder = builder.isolate(reference);
-    }
+    write_session(
+        path,
+        model_trace::ModelTracerConfig::lightweight(),
+        |mut builder| {
+            if capture {
+                builder = builder.capture("*");
+            }
+            if let Some(reference) = isolate {
+                builder = builder.isolate(reference);
+            }
+            builder
+        },
+        forward,
+    );
+}
+
+/// Runs `forward` in a session of `config` that writes the trace file `path`, its builder
+/// (the file set) finished by `configure`.
+#[allow(dead_code)] // the tests that write traces of their own models only
+pub fn write_session(
+    path: &Path,
+    config: model_trace::ModelTracerConfig,
+    configure: impl FnOnce(model_trace::SessionBuilder) -> model_trace::SessionBuilder,
+    forward: impl FnOnce(),
+) {
+    let builder = configure(model_trace::Session::builder(config).trace_file(path));
     let session = builder.start().expect("the trace file can be created");
     forward();
     session.finish();

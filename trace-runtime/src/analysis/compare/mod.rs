@@ -90,6 +90,29 @@ impl TracedTensor {
             None
         }
     }
+
+    /// What it is matched by in a comparison whose names are renamed by `names`: a name map
+    /// renames stages; attention and logits records match as what they are.
+    pub fn key(&self, names: &NameMap) -> TensorKey {
+        let shard = self.shard_of();
+        if self.is_stage() && !names.is_empty() {
+            let renamed = names.rename(&self.full_name());
+            if let Some((layer, name)) = split_full_name(&renamed) {
+                return TensorKey {
+                    pass: self.pass,
+                    layer,
+                    name: name.to_owned(),
+                    shard,
+                };
+            }
+        }
+        TensorKey {
+            pass: self.pass,
+            layer: self.layer,
+            name: self.name.clone(),
+            shard,
+        }
+    }
 }
 
 /// Tensors of a trace, in execution order: a whole trace, or one pass of it (a long trace is
@@ -486,28 +509,7 @@ pub fn compare_with_least_rtol<E: fmt::Display>(
     mut captures: impl FnMut(&TraceTensors, &TracedTensor) -> Option<Result<Vec<f32>, E>>,
     least_rtol: impl Fn(&TensorKey) -> Option<f64>,
 ) -> Comparison {
-    // Names maps rename stages; attention and logits records match as what they are.
-    let key = |t: &TracedTensor| {
-        let shard = t.shard_of();
-        if t.is_stage() && !options.names.is_empty() {
-            let renamed = options.names.rename(&t.full_name());
-            if let Some((layer, name)) = split_full_name(&renamed) {
-                let name = name.to_owned();
-                return TensorKey {
-                    pass: t.pass,
-                    layer,
-                    name,
-                    shard,
-                };
-            }
-        }
-        TensorKey {
-            pass: t.pass,
-            layer: t.layer,
-            name: t.name.clone(),
-            shard,
-        }
-    };
+    let key = |t: &TracedTensor| t.key(&options.names);
     let mut others: HashMap<TensorKey, &TracedTensor> = HashMap::with_capacity(other.tensors.len());
     for tensor in &other.tensors {
         others.entry(key(tensor)).or_insert(tensor);

@@ -85,7 +85,7 @@ impl ErrorStat {
     /// What decides, in one line (for a command's help).
     pub fn description(self) -> &'static str {
         match self {
-            Self::Elementwise => "Every element within atol + rtol·|a| (the default)",
+            Self::Elementwise => "Every element within atol + rtol·|a| (the built-in default)",
             Self::Mean => "The mean of the elements' error over their allowance",
             Self::Median => "Its median",
             Self::Quantile(_) => "Its q-quantile",

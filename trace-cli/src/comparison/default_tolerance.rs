@@ -1,0 +1,184 @@
+//! The tolerance a comparison uses when the user gives none (no `--rtol`, `--atol` or
+//! `--check-error-stat`): chosen from the pair of precisions the two traces' headers state
+//! (`metadata.precision`; an older trace's `metadata.dtype` text as a hint), and said with its
+//! reason.
+//!
+//! | the two headers say | criterion | atol | rtol |
+//! |---|---|---|---|
+//! | F32 weights on both sides, neither quantized (a port on weights dequantized to F32 against transformers' F32) | norm | [`SAME_FLOAT_ATOL`] | [`SAME_FLOAT_RTOL`] |
+//! | quantized weights on either side | norm | [`QUANTIZED_ATOL`] | [`QUANTIZED_RTOL`] |
+//! | floats of other types (F32 against BF16), other activations or KV caches (F16): not measured | elementwise | 1e-5 | 1e-5 |
+//! | nothing (a header without its precision) | elementwise | 1e-5 | 1e-5 |
+//!
+//! Any of the three flags given, the flags decide and nothing is chosen.
+
+use serde::Serialize;
+use trace_runtime::compare::{ErrorStat, Tolerance, Tolerances};
+use trace_runtime::{Precision, TraceHeader};
+
+use crate::precision::WeightsSaid;
+
+/// rtol of two runs on the same F32 weights (norm criterion): what separates them is float
+/// rounding. Measured floors, the worst stage of each layer (relative L2): candle-transformers'
+/// Gemma 3 with `CANDLE_DEQUANTIZE_ALL=1` against transformers on the same dequantized
+/// weights, 1.2e-6 to 3.0e-6 over a 55-token prompt; the range over the ports of this
+/// workspace, 1e-6 to 3e-5.
+pub(crate) const SAME_FLOAT_RTOL: f64 = 1e-4;
+
+/// atol of two runs on the same F32 weights: an RMS error this small passes whatever the
+/// tensor's scale (near-zero tensors, where a relative error means nothing).
+pub(crate) const SAME_FLOAT_ATOL: f64 = 1e-5;
+
+/// rtol of a run on quantized weights against one on floats, or on other quantized weights
+/// (norm criterion): the quantization's noise. Measured on prompt passes, the worst tensor of
+/// the run: our clean Gemma 3 port (Q4_K_M) 13.1% from transformers, our SmolLM2 port (Q4_1)
+/// 8.5%. Decode passes go further: see [`QUANTIZED_NOTE`].
+pub(crate) const QUANTIZED_RTOL: f64 = 0.15;
+
+/// atol of a quantized comparison, as [`SAME_FLOAT_ATOL`].
+pub(crate) const QUANTIZED_ATOL: f64 = 1e-5;
+
+/// What the quantized default does not cover (measured: our clean Gemma 3 port's one-token
+/// decode passes reach 31% on one tensor).
+const QUANTIZED_NOTE: &str = "decode passes can go further (31% measured on Gemma 3's \
+     one-token passes): use --isolated, --floor, or runs on dequantized weights (candle: \
+     CANDLE_DEQUANTIZE_ALL=1; the examples' --dequantize)";
+
+/// Which rule set the tolerance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ToleranceRule {
+    /// `--rtol`, `--atol` or `--check-error-stat` given: they decide.
+    Given,
+    /// Both sides on F32 weights (see [`SAME_FLOAT_RTOL`]).
+    SameFloatWeights,
+    /// Quantized weights on either side (see [`QUANTIZED_RTOL`]).
+    Quantized,
+    /// Precisions stated but no measured default for the pair (other float types, other
+    /// activations, a KV cache of another type): the built-in default.
+    NoMeasuredDefault,
+    /// A header that does not say its precision: the built-in default.
+    PrecisionUnknown,
+}
+
+/// The tolerance chosen for a comparison, and why (`diff --json`: `tolerance_choice`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ToleranceChoice {
+    pub(crate) rule: ToleranceRule,
+    /// Why, in a sentence.
+    pub(crate) reason: String,
+    /// What the reference's header says (`metadata.precision`); `null` where it says nothing
+    /// structured (or the tolerance was given).
+    pub(crate) reference_precision: Option<Precision>,
+    /// What the other trace's header says, likewise.
+    pub(crate) other_precision: Option<Precision>,
+    /// What the chosen tolerance does not cover; `null` where nothing needs saying.
+    pub(crate) note: Option<&'static str>,
+}
+
+impl ToleranceChoice {
+    /// The tolerance given on the command line.
+    pub(crate) fn given() -> Self {
+        Self {
+            rule: ToleranceRule::Given,
+            reason: "given (--rtol, --atol, --check-error-stat)".to_owned(),
+            reference_precision: None,
+            other_precision: None,
+            note: None,
+        }
+    }
+
+    /// The rule the two headers' precisions call for.
+    pub(crate) fn from_headers(reference: &TraceHeader, other: &TraceHeader) -> Self {
+        let sides = [WeightsSaid::of(reference), WeightsSaid::of(other)];
+        let (rule, reason) = rule_for(&sides);
+        let [reference, other] = sides;
+        Self {
+            rule,
+            reason,
+            reference_precision: reference.precision().cloned(),
+            other_precision: other.precision().cloned(),
+            note: (rule == ToleranceRule::Quantized).then_some(QUANTIZED_NOTE),
+        }
+    }
+
+    /// Sets the default tolerance and criterion of `tolerances` as the rule says (the
+    /// built-in default and given flags are left as they are).
+    pub(crate) fn apply(&self, tolerances: &mut Tolerances) {
+        let (atol, rtol) = match self.rule {
+            ToleranceRule::SameFloatWeights => (SAME_FLOAT_ATOL, SAME_FLOAT_RTOL),
+            ToleranceRule::Quantized => (QUANTIZED_ATOL, QUANTIZED_RTOL),
+            _ => return,
+        };
+        tolerances.default = Tolerance { atol, rtol };
+        tolerances.error_stat = ErrorStat::Norm;
+    }
+
+    /// Whether the tolerance assumes both runs computed on the same float weights.
+    pub(crate) fn assumes_same_weights(&self) -> bool {
+        self.rule == ToleranceRule::SameFloatWeights
+    }
+}
+
+/// The rule for the two sides (the reference's, the other's), and why.
+fn rule_for(sides: &[WeightsSaid; 2]) -> (ToleranceRule, String) {
+    let labels = ["the reference", "the other"];
+    let quantized: Vec<String> = (labels.iter().zip(sides))
+        .filter(|(_, side)| side.is_quantized())
+        .map(|(label, side)| format!("{label}: {}", side.describe()))
+        .collect();
+    if !quantized.is_empty() {
+        let reason = format!(
+            "quantized weights ({}): the quantization's noise; measured up to 13.1% on one \
+             tensor of Gemma 3's prompt pass, 8.5% of SmolLM2's",
+            quantized.join("; ")
+        );
+        return (ToleranceRule::Quantized, reason);
+    }
+    let unsaid: Vec<&str> = (labels.iter().zip(sides))
+        .filter(|(_, side)| !side.says_something())
+        .map(|(label, _)| *label)
+        .collect();
+    if !unsaid.is_empty() {
+        let whose = match unsaid.as_slice() {
+            [one] => format!("{one}'s header does not say its precision"),
+            _ => "the headers do not say their precision".to_owned(),
+        };
+        let reason = format!("{whose} (metadata.precision): the built-in default");
+        return (ToleranceRule::PrecisionUnknown, reason);
+    }
+    floats_rule(sides)
+}
+
+/// The rule for two sides that both say their weights are floats (or say something else
+/// that is not a quantized type).
+fn floats_rule(sides: &[WeightsSaid; 2]) -> (ToleranceRule, String) {
+    let described = || format!("{}; {}", sides[0].describe(), sides[1].describe());
+    let no_default = |pair: String| {
+        let reason = format!(
+            "no measured default for {pair} ({}): the built-in default; give --rtol",
+            described()
+        );
+        (ToleranceRule::NoMeasuredDefault, reason)
+    };
+    let (Some(a), Some(b)) = (sides[0].float(), sides[1].float()) else {
+        return no_default("these weights".to_owned());
+    };
+    if a != b || a != "F32" {
+        return no_default(format!("{a} weights against {b}"));
+    }
+    let not_f32 = |said: [Option<String>; 2]| said.into_iter().flatten().find(|t| t != "F32");
+    if let Some(dtype) = not_f32(sides.each_ref().map(WeightsSaid::activations)) {
+        return no_default(format!("F32 weights with {dtype} activations"));
+    }
+    // A KV cache of another type rounds what attention reads (measured: llama.cpp's F16 cache
+    // puts SmolLM2 1e-3 from the same weights' F32 run).
+    if let Some(dtype) = not_f32(sides.each_ref().map(WeightsSaid::kv_cache)) {
+        return no_default(format!("F32 weights with a KV cache in {dtype}"));
+    }
+    let reason = format!(
+        "the same float weights ({}): float rounding; measured floors 1e-6 to 3e-5",
+        described()
+    );
+    (ToleranceRule::SameFloatWeights, reason)
+}
