@@ -267,9 +267,9 @@ pub(crate) struct CompareArgs {
     #[arg(long, value_name = "[NAME:]VALUE")]
     atol: Vec<String>,
     /// Relative tolerance (times the reference's magnitude), like --atol. Default: chosen from
-    /// the headers' precisions (1e-4 for the same F32 weights on both sides, 0.15 with
-    /// quantized weights on either, else 1e-5); with --atol or --check-error-stat given, 1e-5
-    /// unless this sets it.
+    /// the headers' precisions (1e-4 for the same F32 weights on both sides, 1e-3 when one of
+    /// them is llama.cpp, 0.15 with quantized weights on either, else 1e-5); with --atol or
+    /// --check-error-stat given, 1e-5 unless this sets it.
     #[arg(long, value_name = "[NAME:]VALUE")]
     rtol: Vec<String>,
     /// Which statistic of the error decides (for captured tensors; summaries are checked

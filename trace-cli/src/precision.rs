@@ -105,6 +105,13 @@ impl WeightsSaid {
         }
     }
 
+    /// Whether the header says llama.cpp wrote it (`source: llama.cpp`).
+    pub(crate) fn is_llama_cpp(&self) -> bool {
+        self.precision()
+            .and_then(|p| p.source.as_deref())
+            .is_some_and(|source| source.contains("llama.cpp"))
+    }
+
     /// Whether the header says anything of its precision (structured or in its dtype text).
     pub(crate) fn says_something(&self) -> bool {
         self.weights != Weights::Unknown

@@ -364,7 +364,9 @@ fn tolerance(out: &mut String, colors: &Colors, t: &Tolerances) {
 /// Under the tolerance line: where it came from and why, and what it does not cover.
 fn tolerance_choice(out: &mut String, choice: &ToleranceChoice) {
     let source = match choice.rule {
-        ToleranceRule::SameFloatWeights | ToleranceRule::Quantized => "chosen from the headers: ",
+        ToleranceRule::SameFloatWeights
+        | ToleranceRule::SameFloatWeightsLlamaCpp
+        | ToleranceRule::Quantized => "chosen from the headers: ",
         // The reason says it is the built-in default, or that it was given.
         _ => "",
     };
