@@ -147,9 +147,15 @@ def test_smollm_chooses_the_same_tokens_and_stays_within_8_bit_activation_error(
     directory, printed = smollm
     ours, ref = directory / "ours.ndjson", directory / "ref.ndjson"
     assert chosen_tokens(ours) == chosen_tokens(ref) == json.loads(printed.split("tokens:")[1])
-    # At the default (FP32) tolerances the quantized port diverges at once ...
-    code, report = diff(ref, ours)
+    # At FP32 tolerances the quantized port diverges at once ...
+    code, report = diff(ref, ours, "--rtol", "1e-5")
     assert code == 1
+    # ... while with no flags diff reads the headers (Q4_1 weights against transformers' F32)
+    # and chooses the quantized rule, which the port passes ...
+    code, report = diff(ref, ours)
+    assert report["tolerance_choice"]["rule"] == "quantized", report["tolerance_choice"]
+    assert report["tolerance_choice"]["other_precision"]["weights"] == ["Q4_1", "Q8_0"]
+    assert code == 0, report["first_divergence"]
     # ... and stays within the stated tolerance everywhere. Why 10% RMS: both sides use the same
     # weights (transformers dequantizes the same Q4_1 blocks); the difference is that our Q4_1
     # kernels quantize each activation row to 8 bits. The Rust trace measures that error itself
