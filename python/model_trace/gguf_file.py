@@ -22,7 +22,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 #: ggml's type numbers (``enum ggml_type`` of ``ggml.h`` in the llama.cpp that llama-cpp-python
 #: 0.3.36 vendors) and their names as ggml and the GGUF format write them, upper case. The
