@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import model_trace
 import model_trace.torch
+from model_trace import gguf_file
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -49,8 +50,10 @@ def main() -> None:
         model_dir, gguf_file=GGUF, attn_implementation="eager", dtype=torch.float32
     ).eval()
     chosen = []
+    # The tracer sees F32 weights; where they came from, only the file says.
+    dequantized_from = gguf_file.weight_types(os.path.join(model_dir, GGUF))
     with torch.no_grad(), model_trace.torch.trace(
-        model, args.out, capture=args.capture,
+        model, args.out, capture=args.capture, precision={"dequantized_from": dequantized_from},
         metadata={"model": "SmolLM2-135M-Instruct (transformers LlamaForCausalLM, GGUF dequantized to f32)",
                   "weights": os.path.join(model_dir, GGUF), "dtype": "f32", "device": "cpu"},
     ):

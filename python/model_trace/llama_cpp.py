@@ -54,6 +54,15 @@ first pass's values: a stage map that does not fit the graph raises
 ``--no-stage-check``), ``metadata.extra.architecture`` the GGUF's architecture, and
 ``metadata.extra.residual_multiplier`` Granite's ``residual_scale``.
 
+The header's ``metadata.precision`` (:mod:`model_trace.precision`, the object the Rust runtime
+writes) says what llama.cpp computed in: ``weights``, the types of the GGUF's matrices read from
+its tensor-info table (``["Q4_1", "Q8_0"]`` for SmolLM2's file; ``["F32"]`` for an F32 copy
+written by :mod:`model_trace.gguf_f32`, with ``dequantized_from`` the types it was dequantized
+from, which the copy's metadata names), ``activations`` ``F32``, ``kv_cache`` ``--kv`` upper
+case (``F16`` by default) and ``source`` ``llama.cpp``. llama.cpp writes the KV cache before
+the attention reads it, so an F16 cache rounds the keys and values of the prompt pass too:
+``--kv f32`` for a comparison to float rounding.
+
 Cost: every node the callback asks for splits ggml's graph there. Reading SmolLM2's 212 nodes
 makes ``llama_decode`` of a 57-token prompt 13-16% slower on 1 thread (6-33% on 2, noisy) and a
 decode step 32-33% slower (55-62% on 2), measured here in two runs (``python/benchmarks/llama_cpp_callback.py``: medians of 7
@@ -76,6 +85,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from . import gguf_file, precision
 from .families import TABLES
 from .families.layouts import ATTN_PROJECTION, ATTN_RESIDUAL, NodeTable
 from .filter import CaptureFilter, Tracepoint
@@ -323,6 +333,18 @@ class _Nodes:
         return None
 
 
+def precision_of(model_path: str, kv: str = "f16") -> Dict[str, Any]:
+    """The header's ``metadata.precision`` of a run on the GGUF at ``model_path`` with a KV
+    cache of type ``kv``: the types of the file's matrices, read from its tensor-info table
+    (:func:`model_trace.gguf_file.read`), and where the file is an F32 copy written by
+    :func:`model_trace.gguf_f32.write_f32`, the types it was dequantized from; F32
+    activations (ggml's CPU kernels may round them for a quantized matmul, as the weight
+    types say); source ``llama.cpp``."""
+    info = gguf_file.read(model_path)
+    return precision.record(info.weight_types(), dequantized_from=info.dequantized_from(), activations="F32",
+                            kv_cache=kv, source="llama.cpp")
+
+
 def architecture_of(model: Any, L: Any) -> str:
     """The GGUF's ``general.architecture`` as llama.cpp read it."""
     return _meta(model, L, "general.architecture") or ""
@@ -417,7 +439,7 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
     if residual_multiplier is not None:
         extra["residual_multiplier"] = residual_multiplier
     meta: Dict[str, Any] = {"model": os.path.basename(model_path), "weights": os.path.abspath(model_path),
-                            "device": "cpu", "extra": extra}
+                            "device": "cpu", "precision": precision_of(model_path, kv), "extra": extra}
     meta.update(metadata or {})
     writer = TraceWriter(out, config={"trace_activations": True, "trace_attention": True, "trace_logits": True},
                          metadata=meta, tracepoints=tracepoints(table), capture=capture)

@@ -9,10 +9,15 @@ transformers and llama.cpp fed the port's token ids, all captured. The four bugs
 layer are injected together, each in its own layer, as isolation is meant to be used: one run
 fed the reference's layer inputs names every layer wrong on its own. Five runs of the port in
 all (without the quantization records, which no test here reads), a few seconds each.
+
+The port on its dequantized weights (``--dequantize``) against transformers on the same
+weights, at a tolerance a thousand times tighter: float rounding apart, nothing is named, and
+exact GELU, which no mode names on the quantized port, is named at its layer. Two runs more.
 """
 
 import pytest
 
+import model_trace
 from conftest import LONG_PROMPT, run_example
 from test_reference_diff import diff
 
@@ -24,19 +29,25 @@ torch = pytest.importorskip("torch")
 #: plain diff, isolated and with --floor llama.cpp: 10% (the clean port's worst: 8.8%, 6.5%).
 RTOL = "0.1"
 NORM = ("--check-error-stat", "norm", "--rtol", RTOL)
+#: The tolerance of the dequantized port against transformers on the same dequantized weights:
+#: relative RMS error 1e-4 (the clean port's worst over a 600-token prompt: see
+#: python/benchmarks/precision_floors.py).
+TIGHT = ("--check-error-stat", "norm", "--rtol", "1e-4")
 #: Gemma's porting bugs made inside a layer, each injected in one layer, with the stage where
 #: it first shows (each found there when injected alone: README).
 LAYER_BUGS = {3: ("rope-base-global", "attention"), 7: ("norm-offset-twice", "attn_in"),
               9: ("norm-offset-missing", "attn_in"), 12: ("qk-norm-skipped", "q_norm")}
 
 
-def run_port(directory, name, bug=None, isolate=None):
+def run_port(directory, name, bug=None, isolate=None, dequantize=False):
     """The port's prompt pass of ``LONG_PROMPT`` (one token generated), captured, with ``bug``
-    injected and fed ``isolate``'s layer inputs where given."""
+    injected, fed ``isolate``'s layer inputs and on its dequantized weights where given."""
     out = directory / f"{name}.ndjson"
     args = ["--no-quant", "--max-tokens", "1", "--trace-out", str(out), "--capture", "pass=0", LONG_PROMPT]
     if bug:
         args = ["--inject-bug", bug, *args]
+    if dequantize:
+        args = ["--dequantize", *args]
     env = {"MODEL_TRACE_ISOLATE": str(isolate)} if isolate else None
     run_example("gemma3", args, cwd=directory, env=env)
     return out
@@ -49,6 +60,7 @@ def references(tmp_path_factory):
 
     import model_trace.torch
     from gemma3_weights import gguf, transformers_dir
+    from model_trace import gguf_file
 
     directory = tmp_path_factory.mktemp("gemma3-port")
     port = run_port(directory, "port")
@@ -57,7 +69,8 @@ def references(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(str(transformers_dir()), dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     hf = directory / "transformers.ndjson"
-    with torch.no_grad(), model_trace.torch.trace(model, str(hf), capture="pass=0"):
+    precision = {"dequantized_from": gguf_file.weight_types(str(gguf()))}
+    with torch.no_grad(), model_trace.torch.trace(model, str(hf), capture="pass=0", precision=precision):
         model(input_ids=torch.tensor([ids]), use_cache=False)
     llama = directory / "llama.ndjson"
     llama_cpp.run(str(gguf()), [ids], str(llama), capture="pass=0")
@@ -117,6 +130,27 @@ def test_unscaled_embeddings_are_named_before_the_first_layer(references):
     code, report = diff(hf, port, "--floor", str(llama), *NORM)
     assert (code, first(report)) == (1, (0, 0, "input"))
     assert report["first_divergence"]["before_first_layer"]
+
+
+def test_the_dequantized_port_is_named_nowhere_at_float_rounding_and_exact_gelu_at_its_layer(references):
+    directory, _, hf, _ = references
+    assert model_trace.read_trace(str(hf))[0]["metadata"]["precision"] == {
+        "weights": ["F32"], "dequantized_from": ["Q4_K", "Q5_0", "Q6_K", "Q8_0"], "activations": "F32",
+        "kv_cache": "F32", "source": "transformers"}
+    clean = run_port(directory, "dequantized", dequantize=True)
+    code, report = diff(hf, clean, *TIGHT)
+    assert (code, first(report)) == (0, None)
+    # Exact GELU moves layer 14's mlp_out by 2.2e-4 of its RMS (0.058; measured), where the
+    # quantized port's own error (1-9%) hides it from every mode. diff's default atol (1e-5,
+    # more than rtol times that RMS) allows mlp_out 1.2 times its error, so the bug shows first
+    # in mlp_post_norm (3.5e-4), the same layer; with --atol 0, in mlp_out. The clean port's
+    # worst here: 3.0e-6.
+    gelu = run_port(directory, "dequantized-gelu-exact", "gelu-exact@14", dequantize=True)
+    code, report = diff(hf, gelu, *TIGHT)
+    assert (code, first(report)) == (1, (0, 14, "mlp_post_norm"))
+    code, report = diff(hf, gelu, *TIGHT, "--atol", "0")
+    assert (code, first(report)) == (1, (0, 14, "mlp_out"))
+    assert 1e-4 < report["first_divergence"]["error"]["relative_error"] < 1e-3
 
 
 def test_greedy_decoding_chooses_the_references_tokens_and_an_f32_cache_flips_a_near_tie(tmp_path):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import model_trace
+from model_trace.captures import Captures
 from conftest import LONG_PROMPT, reference, run_example
 from test_reference_diff import SMOLLM_TOLERANCE, diff, first
 
@@ -54,25 +55,8 @@ def chosen_tokens(path):
 
 def captured(path):
     """``{(pass, layer, stage): array}`` of a trace's captured layer stages and attention."""
-    from safetensors.numpy import load_file
-
-    _, events = model_trace.read_trace(str(path))
-    files, out = {}, {}
-
-    def load(capture):
-        name = str(Path(path).parent / capture["file"])
-        if name not in files:
-            files[name] = load_file(name)
-        return files[name][capture["tensor"]]
-
-    for e in events:
-        if e["event"] == "layer":
-            for stage in e["stages"]:
-                if "capture" in stage["tensor"]:
-                    out[(e["pass"], e["layer"], stage["name"])] = load(stage["tensor"]["capture"])
-        elif e["event"] == "attention" and "capture" in e["probs"]:
-            out[(e["pass"], e["layer"], "attention")] = load(e["probs"]["capture"])
-    return out
+    captures = Captures(str(path))
+    return {key: captures.values(*key) for key in captures if key[2] != "logits"}
 
 
 def relative_errors(reference, other):

@@ -19,8 +19,9 @@ The package, one idea a module: :mod:`~model_trace.torch.tracing` (:func:`trace`
 :mod:`~model_trace.torch.blocks` (the parts of a model that are hooked),
 :mod:`~model_trace.torch.host` (device tensors copied to host memory),
 :mod:`~model_trace.torch.first_pass_check` (the stage check as the layers end),
-:mod:`~model_trace.torch.inference` (the stages of an unknown block class) and
-:mod:`~model_trace.torch.isolation` (each layer fed a port's captured input). Its modules import
+:mod:`~model_trace.torch.inference` (the stages of an unknown block class),
+:mod:`~model_trace.torch.isolation` (each layer fed a port's captured input) and
+:mod:`~model_trace.torch.precision` (the types the model computes in, for the header). Its modules import
 the real ``torch`` (absolute imports: this package is ``model_trace.torch``). The names here
 are re-exported: to change a module's setting (``host.ASYNC_COPY_DEVICES``, a test's stand-in
 for ``host.to_numpy``), set it on the module that defines it, not on ``model_trace.torch``.

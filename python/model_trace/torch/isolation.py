@@ -6,43 +6,24 @@ way round. Each replacement is an ``intervention`` event.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from ..format import read_trace
+from .. import captures
 from ..writer import TraceWriter
 
 
-class Captures:
-    """The captured tensors of a trace (the port's), by (pass, layer, stage), found through the
-    layer events' ``capture`` pointers as the Rust side finds them."""
+class Captures(captures.Captures):
+    """The captured tensors of a trace (the port's), by (pass, layer, stage), which the
+    reference's layers are fed (:meth:`feed`); a trace with no captured layer tensor is a
+    ValueError."""
 
     def __init__(self, path: str):
-        self.path = path
-        self.directory = os.path.dirname(os.path.abspath(path))
-        self.captures: Dict[Tuple[int, int, str], Dict[str, str]] = {}
-        _, events = read_trace(path)
-        for event in events:
-            if event.get("event") != "layer":
-                continue
-            for stage in event["stages"]:
-                capture = stage["tensor"].get("capture")
-                if capture:
-                    self.captures.setdefault((event["pass"], event["layer"], stage["name"]), capture)
-        if not self.captures:
+        super().__init__(path)
+        if not any(stage not in ("attention", "logits") for _, _, stage in self.captures):
             raise ValueError(f"{path} holds no captured layer tensors to replay: write it with "
                              "MODEL_TRACE_CAPTURE=layer:* (or capture=\"layer:*\")")
-
-    def values(self, pass_index: int, layer: int, stage: str) -> np.ndarray:
-        from safetensors import safe_open
-
-        capture = self.captures.get((pass_index, layer, stage))
-        if capture is None:
-            raise ValueError(f"isolate: {self.path} has no capture of pass {pass_index}, layer {layer}, {stage}")
-        with safe_open(os.path.join(self.directory, capture["file"]), framework="np") as file:
-            return file.get_tensor(capture["tensor"])
 
     def feed(self, writer: TraceWriter, layer: int, hidden: Any, args: Tuple[Any, ...],
              kwargs: Dict[str, Any]) -> Tuple[Any, Tuple[Tuple[Any, ...], Dict[str, Any]]]:
@@ -51,6 +32,8 @@ class Captures:
         import torch
 
         pass_index = writer.ensure_pass()
+        if (pass_index, layer, "input") not in self:
+            raise ValueError(f"isolate: {self.path} has no capture of pass {pass_index}, layer {layer}, input")
         replayed = self.values(pass_index, layer, "input")
         if replayed.size != hidden.numel():
             raise ValueError(f"isolate: pass {pass_index}, layer {layer}: the capture holds {replayed.size} values, "

@@ -17,6 +17,7 @@ from .first_pass_check import FirstPassCheck
 from .host import HostCopy, copied_later
 from .inference import Inference
 from .isolation import Captures
+from .precision import of_model as precision_of
 
 
 #: The stage maps that passed the check, per model (weakly keyed: a model's entry goes with it):
@@ -45,6 +46,7 @@ def trace(
     record_logits: bool = True,
     isolate: Optional[str] = None,
     check_stages: bool = True,
+    precision: Optional[Dict[str, Any]] = None,
 ) -> Iterator[TraceWriter]:
     """Records every forward call of ``model`` inside the ``with`` block into the trace file at
     ``path`` (replaced if it exists).
@@ -86,6 +88,16 @@ def trace(
     host memory when its layer ends (a wait for the device, once a layer), and the identities
     in numpy. The yielded writer's ``stage_check`` holds what it found
     (``writer.stage_check.report()``), None when off.
+
+    The header's ``metadata.precision`` (:mod:`model_trace.precision`) says what the model
+    computes in, read from it as the trace begins (:func:`model_trace.torch.precision.of_model`):
+    ``weights`` the float types of its matrices (``["F32"]``, ``["BF16"]``), ``activations``
+    autocast's type where autocast is on, else the weights' type, ``kv_cache`` the activations'
+    type for a model that generates, ``source`` ``transformers`` (``torch`` for a module of
+    another library). ``precision``: what the model cannot tell, put on top, a key ``None``
+    dropping it; for a model loaded from a GGUF (transformers dequantizes it to float),
+    ``precision={"dequantized_from": model_trace.gguf_file.weight_types(gguf_path)}``. A
+    ``precision`` key of ``metadata`` replaces the whole record.
     """
     # One walk of the module tree: it costs as much as a small model's forward pass.
     modules = dict(model.named_modules())
@@ -100,7 +112,7 @@ def trace(
     captures = CaptureFilter(capture)
     layers = blocks_of(architecture, modules)
     head = output_head(model, modules, architecture)
-    meta = _metadata(architecture, getattr(model, "config", None), names, metadata)
+    meta = _metadata(architecture, getattr(model, "config", None), names, metadata, precision_of(model, precision))
     multiplier = stage_check.parse_multiplier(meta["extra"].get("residual_multiplier"))
     checked_key = _checked_key(architecture, multiplier)
     passed_earlier = check_stages and inference is None and checked_key in _PASSED.get(model, ())
@@ -133,17 +145,18 @@ def trace(
         _PASSED.setdefault(model, set()).add(checked_key)
 
 
-def _metadata(architecture: Architecture, config: Any, names: str, metadata: Optional[Dict[str, Any]]
-              ) -> Dict[str, Any]:
-    """The header's metadata: its ``extra`` the architecture's name, ``names``, and the config
-    values the architecture asks for (``config_metadata``); the caller's ``metadata`` joined to
-    it (a caller's ``extra`` keys join the tracer's, theirs winning)."""
+def _metadata(architecture: Architecture, config: Any, names: str, metadata: Optional[Dict[str, Any]],
+              precision: Dict[str, Any]) -> Dict[str, Any]:
+    """The header's metadata: ``precision``, and its ``extra`` the architecture's name,
+    ``names``, and the config values the architecture asks for (``config_metadata``); the
+    caller's ``metadata`` joined to it (a caller's ``extra`` keys join the tracer's, theirs
+    winning; its other keys replace the tracer's)."""
     extra: Dict[str, str] = {"architecture": architecture.name, "names": names}
     for key in architecture.config_metadata:
         value = config_value(config, key)
         if value is not None:
             extra[key] = repr(float(value)) if isinstance(value, (int, float)) else str(value)
-    meta: Dict[str, Any] = {"extra": extra}
+    meta: Dict[str, Any] = {"precision": precision, "extra": extra}
     for key, value in (metadata or {}).items():
         meta[key] = {**extra, **value} if key == "extra" else value
     return meta
