@@ -262,8 +262,8 @@ pub(crate) struct CompareArgs {
     /// Absolute tolerance, `VALUE` or `NAME:VALUE` for the tensors whose full name
     /// (`layer.3.mlp_out`, `layer.30.logits`) matches the glob NAME; repeatable, the last
     /// matching override wins; an override that matches no tensor of either trace is a
-    /// warning. Default: chosen from the headers' precisions (1e-5 for every pair); given,
-    /// 1e-5 unless this sets it.
+    /// warning. Default: chosen from the headers' precisions (0 for the same F32 weights on both
+    /// sides, else 1e-5); with --rtol or --check-error-stat given, 1e-5 unless this sets it.
     #[arg(long, value_name = "[NAME:]VALUE")]
     atol: Vec<String>,
     /// Relative tolerance (times the reference's magnitude), like --atol. Default: chosen from
