@@ -13,6 +13,9 @@ pub(crate) enum Weights {
     /// Floats of one type, upper case (`F32`, `BF16`): native, or dequantized from a
     /// quantized file.
     Float(String),
+    /// Said, but neither quantized nor floats of one type (`["F16", "F32"]`, a type name
+    /// neither ggml's nor a float's).
+    Other,
     /// Not said.
     Unknown,
 }
@@ -57,10 +60,12 @@ impl WeightsSaid {
     fn of_precision(precision: &Precision) -> Self {
         let weights = if precision.is_quantized() {
             Weights::Quantized
+        } else if let Some(dtype) = precision.float_weights() {
+            Weights::Float(dtype.to_owned())
+        } else if precision.weights.is_empty() {
+            Weights::Unknown
         } else {
-            precision
-                .float_weights()
-                .map_or(Weights::Unknown, Weights::Float)
+            Weights::Other
         };
         Self {
             weights,
@@ -103,6 +108,37 @@ impl WeightsSaid {
             Said::Precision(p) => Some(p),
             _ => None,
         }
+    }
+
+    /// The quantized types a float run's weights were dequantized from, sorted, upper case
+    /// (empty where the header does not say).
+    pub(crate) fn dequantized_from(&self) -> Vec<String> {
+        let mut types: Vec<String> = (self.precision())
+            .map(|p| {
+                p.dequantized_from
+                    .iter()
+                    .map(|t| t.to_ascii_uppercase())
+                    .collect()
+            })
+            .unwrap_or_default();
+        types.sort();
+        types
+    }
+
+    /// The quantized weights' types, sorted, upper case (empty unless the header says they are
+    /// quantized).
+    pub(crate) fn quantized_types(&self) -> Vec<String> {
+        let mut types: Vec<String> = match (self.is_quantized(), self.precision()) {
+            (true, Some(p)) => p.weights.iter().map(|t| t.to_ascii_uppercase()).collect(),
+            _ => Vec::new(),
+        };
+        types.sort();
+        types
+    }
+
+    /// Who the header says computed it (`the port`, `llama.cpp`), where it says.
+    pub(crate) fn source(&self) -> Option<&str> {
+        self.precision().and_then(|p| p.source.as_deref())
     }
 
     /// Whether the header says llama.cpp wrote it (`source: llama.cpp`).

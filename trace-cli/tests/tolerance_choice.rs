@@ -285,6 +285,85 @@ fn the_quantized_default_notes_what_it_does_not_cover() {
     );
 }
 
+/// 2e-3 off on every tensor: a small bug, past float rounding, within any quantization noise.
+fn small_bug(_: usize) -> f32 {
+    2e-3
+}
+
+#[test]
+fn a_quantized_pair_is_loose_only_between_implementations_or_weights() {
+    let dir = scratch("tolerance-quantized-pairs");
+    let port = write(&dir, "port.ndjson", &with(port_quantized()), |_| 0.0);
+    // The same port on the same quantized weights (a refactor, a batch, another thread count):
+    // no quantization noise between the runs, so a small bug must not pass as noise.
+    let bugged = write(&dir, "bugged.ndjson", &with(port_quantized()), small_bug);
+    let (code, report) = diff_json(&port, &bugged, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "no_measured_default");
+    let said = report["tolerance_choice"]["reason"].as_str().unwrap();
+    assert!(
+        said.starts_with("the same quantized weights in the same implementation"),
+        "{said}"
+    );
+    assert_eq!(code, Some(1), "{said}");
+    // Another implementation on the same file (llama.cpp), or other types: the noise.
+    let llama = Precision::quantized(["Q4_K", "Q6_K"]).source("llama.cpp");
+    let other_kernels = write(&dir, "llama.ndjson", &with(llama), quantization_noise);
+    let (code, report) = diff_json(&port, &other_kernels, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "quantized");
+    assert_eq!(code, Some(0));
+    let q8 = Precision::quantized(["Q8_0"]).source("the port");
+    let other_types = write(&dir, "q8.ndjson", &with(q8), quantization_noise);
+    let (_, report) = diff_json(&port, &other_types, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "quantized");
+    // A quantized run against a header that says nothing: nothing assumed, the strict default.
+    let unsaid = write(&dir, "unsaid.ndjson", &Header::default(), small_bug);
+    let (code, report) = diff_json(&port, &unsaid, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "precision_unknown");
+    assert_eq!(code, Some(1));
+}
+
+#[test]
+fn a_type_name_that_is_neither_float_nor_ggml_is_never_taken_for_quantized() {
+    let dir = scratch("tolerance-unknown-type");
+    let reference = write(&dir, "ref.ndjson", &transformers_f32(), |_| 0.0);
+    for (weights, rule) in [
+        ("fp32", "same_float_weights"),
+        ("float8_e4m3fn", "no_measured_default"),
+    ] {
+        let precision = Precision::quantized(["Q4_K"]).dequantized_to(weights);
+        let other = write(
+            &dir,
+            &format!("{weights}.ndjson"),
+            &with(precision),
+            small_bug,
+        );
+        let (code, report) = diff_json(&reference, &other, &[]);
+        assert_eq!(report["tolerance_choice"]["rule"], rule, "{weights}");
+        assert_eq!(code, Some(1), "{weights}: a 2e-3 bug must not pass");
+    }
+}
+
+#[test]
+fn f32_weights_dequantized_from_other_types_are_not_the_same_weights() {
+    let dir = scratch("tolerance-other-files");
+    let q4 = Precision::quantized(["Q4_K", "Q6_K"]).dequantized_to("F32");
+    let q8 = Precision::quantized(["Q8_0"]).dequantized_to("F32");
+    let reference = write(&dir, "q4.ndjson", &with(q4.clone()), |_| 0.0);
+    let other = write(&dir, "q8.ndjson", &with(q8), float_rounding);
+    let (_, report) = diff_json(&reference, &other, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "no_measured_default");
+    let said = report["tolerance_choice"]["reason"].as_str().unwrap();
+    assert!(
+        said.contains("dequantized from other types (Q4_K, Q6_K against Q8_0)"),
+        "{said}"
+    );
+    // The same file's types on both sides: the same weights.
+    let same = write(&dir, "q4b.ndjson", &with(q4), float_rounding);
+    let (code, report) = diff_json(&reference, &same, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "same_float_weights");
+    assert_eq!(code, Some(0));
+}
+
 #[test]
 fn any_tolerance_flag_given_wins_over_the_headers() {
     let dir = scratch("tolerance-given");
@@ -327,11 +406,13 @@ fn an_older_header_is_read_from_its_dtype_text_and_says_so() {
         precision: None,
         dtype: Some(dtype),
     };
-    let reference = write(&dir, "ref.ndjson", &text_header("f32"), |_| 0.0);
+    // A text that names no weights says nothing: against it, nothing is assumed.
+    let unsaid = write(&dir, "unsaid.ndjson", &text_header("f32"), |_| 0.0);
+    let reference = write(&dir, "ref.ndjson", &transformers_f32(), |_| 0.0);
     let quantized = text_header("Q4_1 and Q8_0 weights, f32 activations");
     let other = write(&dir, "q.ndjson", &quantized, quantization_noise);
     let (code, report) = diff_json(&reference, &other, &[]);
-    assert_eq!(code, Some(0));
+    assert_eq!(code, Some(0), "{report:#}");
     let choice = &report["tolerance_choice"];
     assert_eq!(choice["rule"], "quantized");
     let said = choice["reason"].as_str().unwrap();
@@ -342,6 +423,9 @@ fn an_older_header_is_read_from_its_dtype_text_and_says_so() {
         "{said}"
     );
     assert_eq!(choice["other_precision"], Value::Null);
+    let (code, report) = diff_json(&unsaid, &other, &[]);
+    assert_eq!(report["tolerance_choice"]["rule"], "precision_unknown");
+    assert_eq!(code, Some(1));
     // A dequantized port's text against a structured F32 reference: the same float weights.
     let reference = write(&dir, "f32.ndjson", &transformers_f32(), |_| 0.0);
     let dequantized = text_header("f32 weights dequantized from Q4_1 and Q8_0, f32 activations");

@@ -351,10 +351,10 @@ fn tolerance(out: &mut String, colors: &Colors, t: &Tolerances) {
         .collect();
     let _ = writeln!(
         out,
-        "{} atol {:e}, rtol {:e}{}; {} criterion{}",
+        "{} atol {}, rtol {}{}; {} criterion{}",
         colors.bold("tolerance:"),
-        t.default.atol,
-        t.default.rtol,
+        tolerance_number(t.default.atol),
+        tolerance_number(t.default.rtol),
         parenthesized(&overrides),
         t.error_stat,
         parenthesized(&stat_overrides)
@@ -652,4 +652,13 @@ fn summaries_compared(checks: &[Check]) -> String {
         parts.push("samples");
     }
     format!("by summaries ({})", parts.join(", "))
+}
+
+/// A tolerance as the text prints it: `1e-4`, and `0` for none (not `0e0`).
+fn tolerance_number(value: f64) -> String {
+    if value == 0.0 {
+        "0".to_owned()
+    } else {
+        format!("{value:e}")
+    }
 }

@@ -8,6 +8,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::QuantType;
+
 /// The environment variable that makes candle's `QMatMul::from_arc` dequantize every quantized
 /// weight to f32 (any value but empty or `0`, as candle reads it).
 pub const CANDLE_DEQUANTIZE_ALL: &str = "CANDLE_DEQUANTIZE_ALL";
@@ -44,8 +46,11 @@ pub struct Precision {
 pub enum WeightKind {
     /// A float type: the weights are the numbers the matmuls multiply by.
     Float,
-    /// A quantized type (`Q4_K`, `IQ2_XS`, ...): the kernels may also round the activations.
+    /// A quantized type of ggml's (`Q4_K`, `IQ2_XS`, ...): the kernels may also round the
+    /// activations.
     Quantized,
+    /// A name that is neither (a typo, another library's type): nothing is assumed of it.
+    Unknown,
 }
 
 impl Precision {
@@ -104,10 +109,11 @@ impl Precision {
             .any(|t| weight_kind(t) == WeightKind::Quantized)
     }
 
-    /// The one float type of the weights, upper case (`"F32"`), if they are floats of one type.
-    pub fn float_weights(&self) -> Option<String> {
+    /// The one float type of the weights, by its ggml name (`"F32"`, also for `fp32` or
+    /// `float32`), if they are floats of one type.
+    pub fn float_weights(&self) -> Option<&'static str> {
         match self.weights.as_slice() {
-            [one] if weight_kind(one) == WeightKind::Float => Some(one.to_ascii_uppercase()),
+            [one] => float_name(one),
             _ => None,
         }
     }
@@ -165,14 +171,33 @@ impl fmt::Display for Precision {
     }
 }
 
-/// Whether `dtype` (a ggml type name, any case) is a float type (`F32`, `F16`, `BF16`, `F64`)
-/// or a quantized one (anything else: `Q4_K`, `IQ2_XS`, `TQ1_0`, `MXFP4`).
+/// What `dtype` is: a float type ([`float_name`]), one of ggml's quantized types
+/// ([`QuantType::ALL`] but its floats, any case: `Q4_K`, `iq2_xs`, `TQ1_0`, `MXFP4`), or
+/// neither.
 pub fn weight_kind(dtype: &str) -> WeightKind {
+    if float_name(dtype).is_some() {
+        return WeightKind::Float;
+    }
+    let quantized = QuantType::ALL
+        .iter()
+        .any(|t| t.name().eq_ignore_ascii_case(dtype));
+    if quantized {
+        WeightKind::Quantized
+    } else {
+        WeightKind::Unknown
+    }
+}
+
+/// The ggml name of a float type (`F32`, `F16`, `BF16`, `F64`) under the names libraries give
+/// it, any case (`f32`, `fp32`, `float32`, `float`; `fp16`, `half`, `float16`; `bfloat16`;
+/// `fp64`, `double`, `float64`); `None` for anything else.
+pub fn float_name(dtype: &str) -> Option<&'static str> {
     match dtype.to_ascii_uppercase().as_str() {
-        "F32" | "F16" | "BF16" | "F64" | "FLOAT32" | "FLOAT16" | "BFLOAT16" | "FLOAT64" => {
-            WeightKind::Float
-        }
-        _ => WeightKind::Quantized,
+        "F32" | "FP32" | "FLOAT32" | "FLOAT" => Some("F32"),
+        "F16" | "FP16" | "FLOAT16" | "HALF" => Some("F16"),
+        "BF16" | "BFLOAT16" => Some("BF16"),
+        "F64" | "FP64" | "FLOAT64" | "DOUBLE" => Some("F64"),
+        _ => None,
     }
 }
 
@@ -257,7 +282,7 @@ mod tests {
             Some("the port, CANDLE_DEQUANTIZE_ALL=1")
         );
         assert!(!under.is_quantized());
-        assert_eq!(under.float_weights().as_deref(), Some("F32"));
+        assert_eq!(under.float_weights(), Some("F32"));
         assert_eq!(port.clone().under_candle(CandleDequantize::Off), port);
         // Float weights stay as they are; nothing said becomes "dequantized to F16".
         let float = Precision::float("BF16");
@@ -274,6 +299,16 @@ mod tests {
         }
         for quantized in ["Q4_K", "q8_0", "IQ2_XS", "TQ1_0", "MXFP4"] {
             assert_eq!(weight_kind(quantized), WeightKind::Quantized, "{quantized}");
+        }
+        // Other libraries' float names are floats; a name that is neither is not taken for a
+        // quantized type (which would loosen diff's tolerance).
+        for (alias, name) in [("fp32", "F32"), ("half", "F16"), ("bfloat16", "BF16")] {
+            assert_eq!(weight_kind(alias), WeightKind::Float, "{alias}");
+            assert_eq!(Precision::float(alias).float_weights(), Some(name));
+        }
+        for unknown in ["float8_e4m3fn", "int4", "Q4_K_M", ""] {
+            assert_eq!(weight_kind(unknown), WeightKind::Unknown, "{unknown}");
+            assert!(!Precision::float(unknown).is_quantized(), "{unknown}");
         }
         let mixed = Precision::quantized(["F32", "Q6_K"]);
         assert!(mixed.is_quantized());

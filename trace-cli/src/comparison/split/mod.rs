@@ -229,7 +229,7 @@ pub(super) fn premise_warnings(
     let says = match &said.weights {
         Weights::Float(_) => return warnings,
         Weights::Quantized => format!("says its weights are quantized ({})", said.describe()),
-        Weights::Unknown => "does not say it ran on float weights".to_owned(),
+        Weights::Unknown | Weights::Other => "does not say it ran on float weights".to_owned(),
     };
     warnings.push(format!(
         "the other {path}: its header {says}: the split's logic part is the other against the \

@@ -331,8 +331,9 @@ impl SessionBuilder {
     /// With candle's `CANDLE_DEQUANTIZE_ALL` (or `CANDLE_DEQUANTIZE_ALL_F16`) set, as candle
     /// reads it, the quantized weights are recorded as dequantized to f32 (f16), since that is
     /// what candle's `QMatMul::from_arc` then multiplies by; a run that says nothing is recorded
-    /// with f32 (f16) weights dequantized from types it did not name. Float weights are left as
-    /// they are.
+    /// with F32 (F16) weights and the variable as the source, the types they came from not
+    /// named (a model whose weights do not go through `QMatMul` should say its precision).
+    /// Float weights are left as they are.
     pub fn precision(mut self, precision: Precision) -> Self {
         self.metadata.precision = Some(precision);
         self
