@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use model_trace::{trace_layer, trace_model, trace_quant, trace_tensor, Precision};
+use model_trace::{trace_layer, trace_model, trace_quant, trace_tensor, Precision, TensorRef};
 use serde_json::Value;
 
 use common::{embedded_data, run, scratch, text, write_session};
@@ -47,7 +47,12 @@ fn reference(layer: usize, stage: &str) -> Vec<f32> {
 
 /// a: the logic's difference (alternating sign).
 fn logic(layer: usize, stage: &str) -> Vec<f32> {
-    let size = if (layer, stage) == (BUG_LAYER, "mlp_out") {
+    logic_with(layer, stage, "mlp_out")
+}
+
+/// a, the bug in `bug_stage` of [`BUG_LAYER`].
+fn logic_with(layer: usize, stage: &str, bug_stage: &str) -> Vec<f32> {
+    let size = if (layer, stage) == (BUG_LAYER, bug_stage) {
         BUG
     } else {
         ROUNDING
@@ -69,13 +74,18 @@ fn quantization(layer: usize, stage: &str) -> Vec<f32> {
 
 /// What `run` records for `stage` of `layer`: REF, REF + a, (REF + a) + b.
 fn values(run: Run, layer: usize, stage: &str) -> Vec<f32> {
+    values_with(run, layer, stage, "mlp_out")
+}
+
+/// [`values`], the bug in `bug_stage` of [`BUG_LAYER`].
+fn values_with(run: Run, layer: usize, stage: &str, bug_stage: &str) -> Vec<f32> {
     let r = reference(layer, stage);
     if run == Run::Reference {
         return r;
     }
     let port: Vec<f32> = r
         .iter()
-        .zip(logic(layer, stage))
+        .zip(logic_with(layer, stage, bug_stage))
         .map(|(r, a)| r + a)
         .collect();
     if run == Run::Port {
@@ -87,6 +97,31 @@ fn values(run: Run, layer: usize, stage: &str) -> Vec<f32> {
 
 struct Model {
     run: Run,
+    variant: Variant,
+}
+
+/// How a run differs from the others (the tests of what the split must not hide or split).
+#[derive(Clone, Copy)]
+struct Variant {
+    /// The stage of [`BUG_LAYER`] with the logic bug.
+    bug_stage: &'static str,
+    /// `mlp_out`'s shape: `[WIDTH]`, or another of as many elements.
+    mlp_shape: &'static [usize],
+    /// The token ids each pass consumed, one pass each.
+    tokens: &'static [&'static [u32]],
+}
+
+/// The prompt, then one generated token.
+const TOKENS: [&[u32]; 2] = [&[1, 504, 3575], &[7042]];
+
+impl Default for Variant {
+    fn default() -> Self {
+        Self {
+            bug_stage: "mlp_out",
+            mlp_shape: &[WIDTH],
+            tokens: &TOKENS[..1],
+        }
+    }
 }
 
 impl Model {
@@ -105,18 +140,20 @@ impl Model {
     #[allow(clippy::ptr_arg)]
     #[trace_layer(index = index)]
     fn block(&self, x: &Vec<f32>, index: usize) -> Vec<f32> {
-        let attn_out = values(self.run, index, "attn_out");
+        let bug_stage = self.variant.bug_stage;
+        let attn_out = values_with(self.run, index, "attn_out", bug_stage);
         trace_tensor!("attn_out", &attn_out);
-        let mlp_out = values(self.run, index, "mlp_out");
-        trace_tensor!("mlp_out", &mlp_out);
+        let mlp_out = values_with(self.run, index, "mlp_out", bug_stage);
+        let shape = self.variant.mlp_shape;
+        trace_tensor!("mlp_out", &TensorRef::new(&mlp_out, shape).unwrap());
         if self.run == Run::Quantized {
             self.quantized_matmul(x);
         }
         x.clone()
     }
 
-    #[trace_model]
-    fn forward(&self) {
+    #[trace_model(tokens = ids)]
+    fn forward(&self, ids: &[u32]) {
         let mut x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.1).cos() + 1.0).collect();
         for layer in 0..LAYERS {
             x = self.block(&x, layer);
@@ -126,6 +163,18 @@ impl Model {
 
 /// `run` into `dir/name`, captured if `capture`, its header saying `precision`.
 fn write(dir: &Path, name: &str, run: Run, capture: bool, precision: Precision) -> String {
+    write_variant(dir, name, run, Variant::default(), capture, precision)
+}
+
+/// [`write`], the run differing as `variant` says.
+fn write_variant(
+    dir: &Path,
+    name: &str,
+    run: Run,
+    variant: Variant,
+    capture: bool,
+    precision: Precision,
+) -> String {
     let path = dir.join(name);
     let config = model_trace::ModelTracerConfig {
         trace_quant_error: true,
@@ -142,7 +191,12 @@ fn write(dir: &Path, name: &str, run: Run, capture: bool, precision: Precision) 
                 builder
             }
         },
-        || Model { run }.forward(),
+        || {
+            let model = Model { run, variant };
+            for &ids in variant.tokens {
+                model.forward(ids);
+            }
+        },
     );
     path.to_str().expect("a UTF-8 path").to_owned()
 }
@@ -472,4 +526,180 @@ fn the_split_conflicts_with_comparisons_by_position() {
         assert_eq!(output.status.code(), Some(2), "{out}");
         assert!(out.contains("cannot be used with"), "{out}");
     }
+}
+
+#[test]
+fn tensors_whose_shapes_differ_are_not_split() {
+    let dir = scratch("split-shapes");
+    let [reference, port, _] = traces(&dir, true);
+    // The quantized run's mlp_out as [12, 8]: as many elements as the others' [96], but not
+    // the same tensor elementwise. And [1, 96] is [96].
+    for (shape, differ) in [(&[12, 8][..], true), (&[1, WIDTH][..], false)] {
+        let variant = Variant {
+            mlp_shape: shape,
+            ..Variant::default()
+        };
+        let quantized = write_variant(
+            &dir,
+            if differ {
+                "q-reshaped.ndjson"
+            } else {
+                "q-unsqueezed.ndjson"
+            },
+            Run::Quantized,
+            variant,
+            true,
+            quantized_precision(),
+        );
+        let (_, report) = diff_json(&[&reference, &port, "--quantized", &quantized]);
+        let split = &report["split"];
+        let (not_split, split_count) = if differ {
+            (LAYERS, TENSORS - LAYERS)
+        } else {
+            (0, TENSORS)
+        };
+        assert_eq!(split["not_split"], not_split, "{shape:?}: {split:#}");
+        assert_eq!(split["shapes_differ"], not_split, "{shape:?}: {split:#}");
+        assert_eq!(split["split"], split_count, "{shape:?}: {split:#}");
+        let staged = (split["tensors"].as_array().unwrap().iter()).any(|t| t["stage"] == "mlp_out");
+        assert_eq!(staged, !differ, "{shape:?}: {split:#}");
+        if differ {
+            let output = run(&["diff", &reference, &port, "--quantized", &quantized]);
+            let out = text(&output);
+            assert!(
+                out.contains(&format!(
+                    "{LAYERS} could not be split ({LAYERS} of them shapes that differ;"
+                )),
+                "{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_layer_row_names_its_worst_logic_stage() {
+    let dir = scratch("split-worst-logic");
+    // The bug in BUG_LAYER's attn_out: its mlp_out has the larger total (its quantization the
+    // larger), and the bug must not hide behind it.
+    let variant = Variant {
+        bug_stage: "attn_out",
+        ..Variant::default()
+    };
+    let [reference, port, quantized] = [
+        ("ref.ndjson", Run::Reference, Precision::float("F32")),
+        (
+            "port.ndjson",
+            Run::Port,
+            quantized_precision().dequantized_to("F32"),
+        ),
+        ("q.ndjson", Run::Quantized, quantized_precision()),
+    ]
+    .map(|(name, run, precision)| write_variant(&dir, name, run, variant, true, precision));
+    let (_, report) = diff_json(&[&reference, &port, "--quantized", &quantized]);
+    let layers = report["split"]["layers"].as_array().unwrap();
+    let row = &layers[BUG_LAYER];
+    assert_eq!(row["stage"], "mlp_out", "{row}");
+    assert!(
+        close(row["logic"].as_f64().unwrap(), f64::from(ROUNDING), 1e-1),
+        "{row}"
+    );
+    assert_eq!(row["worst_logic_stage"], "attn_out", "{row}");
+    let worst = row["worst_logic"].as_f64().unwrap();
+    assert!(close(worst, f64::from(BUG), 1e-2), "{row}");
+    assert_eq!(row["worst_quantization_stage"], "mlp_out", "{row}");
+    let worst = row["worst_quantization"].as_f64().unwrap();
+    assert!(close(worst, f64::from(QUANTIZATION[1]), 1e-3), "{row}");
+    assert_eq!(row["dominant"], "quantization", "{row}");
+    // Another layer's worst logic is its rounding.
+    assert!(
+        close(
+            layers[0]["worst_logic"].as_f64().unwrap(),
+            f64::from(ROUNDING),
+            1e-1
+        ),
+        "{layers:?}"
+    );
+    let output = run(&["diff", &reference, &port, "--quantized", &quantized]);
+    let out = text(&output);
+    let split: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("error split,"))
+        .collect();
+    assert!(split[1].contains("  worst logic  "), "{out}");
+    let bug_row = split[2 + BUG_LAYER];
+    assert!(
+        bug_row
+            .trim_start()
+            .starts_with(&format!("{BUG_LAYER}  mlp_out")),
+        "{bug_row}"
+    );
+    assert!(bug_row.contains("2.00e-3 attn_out"), "{bug_row}");
+    // The report plots the layer's largest logic part.
+    let page = dir.join("page.html");
+    let output = run(&[
+        "report",
+        &port,
+        "--against",
+        &reference,
+        "--quantized",
+        &quantized,
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
+    let split = &data["diff"]["split"];
+    let logic = split["logic"][BUG_LAYER].as_f64().unwrap();
+    assert!(close(logic, f64::from(BUG), 1e-2), "{split:#}");
+    assert_eq!(split["logic_stages"][BUG_LAYER], "attn_out", "{split:#}");
+    assert_eq!(split["stages"][BUG_LAYER], "mlp_out", "{split:#}");
+}
+
+#[test]
+fn a_pass_the_quantized_run_consumed_other_tokens_in_is_not_split() {
+    let dir = scratch("split-tokens");
+    // Two passes; the quantized run's second consumed another token.
+    let same = Variant {
+        tokens: &TOKENS,
+        ..Variant::default()
+    };
+    let other = Variant {
+        tokens: &[TOKENS[0], &[9999]],
+        ..Variant::default()
+    };
+    let [reference, port, quantized] = [
+        ("ref.ndjson", Run::Reference, same, Precision::float("F32")),
+        (
+            "port.ndjson",
+            Run::Port,
+            same,
+            quantized_precision().dequantized_to("F32"),
+        ),
+        ("q.ndjson", Run::Quantized, other, quantized_precision()),
+    ]
+    .map(|(name, run, variant, precision)| {
+        write_variant(&dir, name, run, variant, true, precision)
+    });
+    let (_, report) = diff_json(&[&reference, &port, "--quantized", &quantized]);
+    let split = &report["split"];
+    assert_eq!(split["split"], TENSORS, "only pass 0: {split:#}");
+    assert_eq!(split["passes_other_tokens"], 1, "{split:#}");
+    assert_eq!(split["first_pass_other_tokens"], 1, "{split:#}");
+    assert_eq!(split["table_pass"], 0, "{split:#}");
+    assert_eq!(split["layers"].as_array().unwrap().len(), LAYERS);
+    let output = run(&["diff", &reference, &port, "--quantized", &quantized]);
+    let out = text(&output);
+    assert!(
+        out.contains(
+            "1 passes not split, the other or the quantized run consuming other token ids than \
+             the reference, the first of them pass 1"
+        ),
+        "{out}"
+    );
+    // The same tokens throughout: both passes split, nothing said.
+    let (_, report) = diff_json(&[&reference, &port, "--quantized", &port]);
+    let split = &report["split"];
+    assert_eq!(split["split"], 2 * TENSORS, "{split:#}");
+    assert_eq!(split["passes_other_tokens"], 0, "{split:#}");
+    assert!(split["first_pass_other_tokens"].is_null(), "{split:#}");
 }

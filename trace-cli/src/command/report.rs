@@ -45,19 +45,22 @@ pub(crate) struct DiffData {
     split: Option<SplitData>,
 }
 
-/// The error split of `curve_pass`, per layer its stage with the largest total (`[layer]`,
-/// null where a layer has none split).
+/// The error split of `curve_pass`, per layer its largest total, largest quantization part and
+/// largest logic part, each of its own stage (`[layer]`, null where a layer has none split).
 #[derive(Debug, Serialize)]
 struct SplitData {
     /// The quantized run.
     quantized: String,
+    /// The stage with the largest total.
     stages: Vec<Option<String>>,
-    /// `‖QUANTIZED − REF‖ / ‖REF‖`.
+    /// The largest `‖QUANTIZED − REF‖ / ‖REF‖`.
     total: Vec<Option<f64>>,
-    /// `‖QUANTIZED − THIS‖ / ‖REF‖`.
+    /// The largest `‖QUANTIZED − THIS‖ / ‖REF‖`.
     quantization: Vec<Option<f64>>,
-    /// `‖THIS − REF‖ / ‖REF‖`.
+    /// The largest `‖THIS − REF‖ / ‖REF‖`.
     logic: Vec<Option<f64>>,
+    /// The stage with the largest logic part.
+    logic_stages: Vec<Option<String>>,
     /// The worst relative error of the layer's quantization records.
     quant_records: Vec<Option<f64>>,
     /// Whether every layer's parts are exact (else some are estimated from sketches).
@@ -266,16 +269,20 @@ fn split_data(quantized: &Path, split: &PassSplit) -> SplitData {
         }
         curve
     };
-    let mut stages = vec![None; count];
-    for row in &layers {
-        stages[row.layer] = Some(row.stage.to_owned());
-    }
+    let stages = |stage: &dyn for<'r> Fn(&'r LayerSplit<'_>) -> &'r str| {
+        let mut stages = vec![None; count];
+        for row in &layers {
+            stages[row.layer] = Some(stage(row).to_owned());
+        }
+        stages
+    };
     SplitData {
         quantized: quantized.display().to_string(),
-        stages,
+        stages: stages(&|row| row.stage),
         total: curve(&|row| row.total),
-        quantization: curve(&|row| row.quantization),
-        logic: curve(&|row| row.logic),
+        quantization: curve(&|row| row.worst_quantization),
+        logic: curve(&|row| row.worst_logic),
+        logic_stages: stages(&|row| row.worst_logic_stage),
         quant_records: curve(&|row| row.quant_records.map(|q| q.worst_relative_error)),
         exact: layers.iter().all(|row| row.exact),
     }

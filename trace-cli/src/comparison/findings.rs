@@ -216,6 +216,16 @@ impl Findings {
         let (Some(reference), Some(other)) = (tensors(0), tensors(1)) else {
             return PassSplit::default();
         };
+        // A pass the port or the quantized run consumed other token ids in than the reference
+        // (where they say) is not split: its differences would be the inputs'.
+        let ours = reference.tokens.as_deref();
+        let other_tokens = [tensors(1), tensors(splitter.at)].into_iter().any(|run| {
+            let theirs = run.and_then(|p| p.tokens.as_deref());
+            matches!((ours, theirs), (Some(ours), Some(theirs)) if ours != theirs)
+        });
+        if let (true, Some(pass)) = (other_tokens, reference.pass) {
+            return splitter.other_tokens(pass);
+        }
         let quantized = tensors(splitter.at).map(|q| (&q.tensors, q.quant.as_slice()));
         let captures = &mut self.captures;
         let mut warnings = Vec::new();

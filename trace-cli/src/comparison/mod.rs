@@ -164,6 +164,7 @@ impl TraceComparison {
             quantized,
             table_pass: self.table_pass(),
             layers: self.table_split().layers(),
+            table_pass_other_tokens: self.table_split().other_tokens,
             tensors: &self.table_split().tensors,
             tally: &splitter.tally,
             warnings: &self.split_warnings,

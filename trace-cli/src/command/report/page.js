@@ -635,20 +635,21 @@
           h("div", { class: "plot", id: "diff-floor" }, linePlot(errors, { xLabel: "layer", yLabel: "error (least rtol)", logY: true, integerX: true, markers, width: 560, empty: "no error above 0" }), legend(D.stages.map((name, i) => [name, color(i)]).concat([["the floor", "#555", true]]))),
           h("div", { class: "plot", id: "diff-floor-ratio" }, linePlot(overFloor, { xLabel: "layer", yLabel: "error / the floor's", logY: true, integerX: true, markers, hlines: [{ y: F.factor, text: `${F.factor}× the floor's`, color: "#c62828" }], width: 560, empty: "no floor error above 0" }), legend(overFloor.map((x) => [x.name, x.color])))));
     }
-    // With a quantized run: per layer, the error of its stage with the largest total, split
-    // into the quantization's part and the logic's (which add up to the total as vectors).
+    // With a quantized run: per layer, its largest total error, its largest quantization part
+    // and its largest logic part (each of its own stage: a logic bug in one stage is not hidden
+    // by the quantization of another).
     const split = [];
     if (D.split) {
       const S = D.split, perLayer = (values) => values.map((v, layer) => [layer, v]);
       // The total last and dashed: where one part dominates it lies on that part's curve.
       const parts = [
-        { name: "quantization (quantized − this)", color: PALETTE[1], points: perLayer(S.quantization) },
-        { name: "logic (this − reference)", color: PALETTE[2], points: perLayer(S.logic) }];
+        { name: "largest quantization (quantized − this)", color: PALETTE[1], points: perLayer(S.quantization) },
+        { name: "largest logic (this − reference)", color: PALETTE[2], points: perLayer(S.logic) }];
       if (S.quant_records.some((v) => v !== null)) {
         parts.push({ name: "quantization records (worst)", color: PALETTE[4], dashed: true, points: perLayer(S.quant_records) });
       }
-      parts.push({ name: "total (quantized − reference)", color: PALETTE[0], dashed: true, points: perLayer(S.total) });
-      split.push(h("p", {}, `The error split against the quantized run ${S.quantized}, pass ${D.curve_pass}: per layer, its stage with the largest total error, ‖·‖ / ‖reference‖${S.exact ? "" : " (some estimated from the sketches)"}; the total is the sum of the two parts as vectors, and a logic part above float rounding is the port's own.`),
+      parts.push({ name: "largest total (quantized − reference)", color: PALETTE[0], dashed: true, points: perLayer(S.total) });
+      split.push(h("p", {}, `The error split against the quantized run ${S.quantized}, pass ${D.curve_pass}: per layer, the largest total error, the largest quantization part and the largest logic part of its stages (each stage's own), ‖·‖ / ‖reference‖${S.exact ? "" : " (some estimated from the sketches)"}; a stage's total is the sum of its two parts as vectors, and a logic part above float rounding is the port's own.`),
         h("div", { class: "plot", id: "diff-split" }, linePlot(parts, { xLabel: "layer", yLabel: "‖·‖ / ‖reference‖", logY: true, integerX: true, markers, width: 900, empty: "no error above 0" }), legend(parts.map((x) => [x.name, x.color, x.dashed]))));
     }
     sec.append(h("p", { class: D.first ? "warn" : "ok", id: "diff-verdict" }, D.first ? `first divergence: pass ${D.first.pass}, layer ${D.first.layer}, ${D.first.stage}` : "no divergence: every matched tensor is within tolerance"),

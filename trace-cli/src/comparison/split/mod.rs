@@ -59,6 +59,8 @@ pub(crate) struct SplitTensor {
 pub(crate) struct PassSplit {
     pub(crate) tensors: Vec<SplitTensor>,
     pub(crate) quant: BTreeMap<usize, QuantRecords>,
+    /// Not split: the port or the quantized run consumed other token ids than the reference.
+    pub(crate) other_tokens: bool,
 }
 
 /// A layer's quantization records (`quant` events of the quantized run): each quantized
@@ -79,9 +81,17 @@ pub(crate) struct SplitTally {
     pub(crate) exact: usize,
     /// Of those, estimated from the sketches.
     pub(crate) estimated: usize,
-    /// Tensors in all three runs that could not be split: lengths that differ, or neither
-    /// all three captures nor all three sketches.
+    /// Tensors in all three runs that could not be split: shapes that differ (dimensions of
+    /// size 1 aside, as the comparison matches them), or neither all three captures nor all
+    /// three sketches.
     pub(crate) not_split: usize,
+    /// Of those, the tensors whose shapes differ.
+    pub(crate) shapes_differ: usize,
+    /// Passes not split because the port or the quantized run consumed other token ids than
+    /// the reference (as their `pass_begin` events say).
+    pub(crate) passes_other_tokens: usize,
+    /// The first of those passes.
+    pub(crate) first_pass_other_tokens: Option<usize>,
     /// Tensors of the reference and the port that the quantized run lacks.
     pub(crate) not_in_quantized: usize,
     /// The largest identity residual over the run (see [`SplitTensor::identity_residual`]).
@@ -100,16 +110,26 @@ pub(crate) enum Dominant {
     Neither,
 }
 
-/// One layer's row: its stage with the largest total, that stage's parts, the larger part,
-/// and the layer's quantization records.
+/// One layer's row: its stage with the largest total and that stage's parts, its stage with
+/// the largest logic part and that part, its largest quantization part, the larger of its
+/// largest parts, and its quantization records.
 #[derive(Debug, Serialize)]
 pub(crate) struct LayerSplit<'a> {
     pub(crate) layer: usize,
+    /// The stage with the largest total.
     pub(crate) stage: &'a str,
     pub(crate) total: Option<f64>,
     pub(crate) quantization: Option<f64>,
     pub(crate) logic: Option<f64>,
+    /// The stage with the largest logic part (a bug the quantization hides in `stage`).
+    pub(crate) worst_logic_stage: &'a str,
+    pub(crate) worst_logic: Option<f64>,
+    /// The stage with the largest quantization part.
+    pub(crate) worst_quantization_stage: &'a str,
+    pub(crate) worst_quantization: Option<f64>,
+    /// Whether every split tensor of the layer is exact.
     pub(crate) exact: bool,
+    /// `worst_quantization` against `worst_logic`.
     pub(crate) dominant: Dominant,
     /// `null` where the quantized run recorded none for the layer in this pass.
     pub(crate) quant_records: Option<QuantRecords>,
@@ -123,6 +143,10 @@ pub(crate) struct SplitReport<'a> {
     /// The pass of the per-layer rows (the comparison's table pass).
     pub(crate) table_pass: usize,
     pub(crate) layers: Vec<LayerSplit<'a>>,
+    /// Whether that pass was not split, consuming other token ids in the port or the quantized
+    /// run than in the reference (counted in `passes_other_tokens`).
+    #[serde(skip)]
+    pub(crate) table_pass_other_tokens: bool,
     /// Every tensor of that pass split.
     pub(crate) tensors: &'a [SplitTensor],
     #[serde(flatten)]
@@ -144,7 +168,8 @@ impl Splitter {
     /// Splits the tensors of one pass in all three runs (`quantized`: the quantized run's
     /// tensors and quantization records of the pass, if it has the pass), `load` giving a
     /// captured tensor's values; a capture that cannot be read is a warning in `warnings`
-    /// and the tensor is estimated from its sketches.
+    /// and the tensor is estimated from its sketches. A tensor whose shapes differ is not
+    /// split.
     pub(super) fn pass(
         &mut self,
         [reference, port]: [&TraceTensors; 2],
@@ -160,6 +185,7 @@ impl Splitter {
         let mut split = PassSplit {
             tensors: Vec::new(),
             quant: quant_records(records),
+            other_tokens: false,
         };
         for r in &reference.tensors {
             let key = r.key(&options.names);
@@ -170,6 +196,12 @@ impl Splitter {
                 self.tally.not_in_quantized += 1;
                 continue;
             };
+            let shape = squeezed(&r.tensor.shape);
+            if [p, q].iter().any(|t| squeezed(&t.tensor.shape) != shape) {
+                self.tally.not_split += 1;
+                self.tally.shapes_differ += 1;
+                continue;
+            }
             let loaded = options
                 .use_captures
                 .then(|| values([r, p, q], load, warnings));
@@ -179,6 +211,17 @@ impl Splitter {
             }
         }
         split
+    }
+
+    /// Counts in a pass not split because the port or the quantized run consumed other token
+    /// ids than the reference; its (empty) split.
+    pub(super) fn other_tokens(&mut self, pass: usize) -> PassSplit {
+        self.tally.passes_other_tokens += 1;
+        self.tally.first_pass_other_tokens.get_or_insert(pass);
+        PassSplit {
+            other_tokens: true,
+            ..PassSplit::default()
+        }
     }
 
     /// Counts one tensor's split in, and its row.
@@ -277,8 +320,15 @@ fn values(
     values.try_into().ok()
 }
 
-/// One tensor's parts, and whether they are exact: from `values` where given and of one
-/// length, else from the sketches; `None` where neither can split it.
+/// The shape without its dimensions of size 1 (`[1, 7, 384]` and `[7, 384]` hold the same
+/// values), as the comparison matches shapes.
+fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// One tensor's parts (its shapes the same in the three runs), and whether they are exact:
+/// from `values` where given and of one length, else from the sketches; `None` where neither
+/// can split it.
 fn split_tensor(
     tensors: [&TracedTensor; 3],
     values: Option<[Vec<f32>; 3]>,
@@ -315,25 +365,40 @@ fn quant_records(records: &[QuantizationErrorTrace]) -> BTreeMap<usize, QuantRec
 }
 
 impl PassSplit {
-    /// Per layer, its stage with the largest total (the first of equals), that stage's parts
-    /// and the layer's quantization records.
+    /// Per layer, its stage with the largest total (the first of equals) and that stage's
+    /// parts, its stage with the largest logic part, its largest quantization part, and its
+    /// quantization records.
     pub(crate) fn layers(&self) -> Vec<LayerSplit<'_>> {
-        let mut worst: BTreeMap<usize, &SplitTensor> = BTreeMap::new();
+        // Per layer: the worst tensor by total, by logic, by quantization, and whether all exact.
+        type Worst<'t> = [&'t SplitTensor; 3];
+        let mut worst: BTreeMap<usize, (Worst<'_>, bool)> = BTreeMap::new();
+        let parts = [
+            |t: &SplitTensor| t.total,
+            |t: &SplitTensor| t.logic,
+            |t: &SplitTensor| t.quantization,
+        ];
         for tensor in &self.tensors {
-            let row = worst.entry(tensor.layer).or_insert(tensor);
-            if tensor.total.unwrap_or(-1.0) > row.total.unwrap_or(-1.0) {
-                *row = tensor;
+            let (row, exact) = worst.entry(tensor.layer).or_insert(([tensor; 3], true));
+            *exact &= tensor.exact;
+            for (at, part) in parts.iter().enumerate() {
+                if part(tensor).unwrap_or(-1.0) > part(row[at]).unwrap_or(-1.0) {
+                    row[at] = tensor;
+                }
             }
         }
         (worst.into_iter())
-            .map(|(layer, t)| LayerSplit {
+            .map(|(layer, ([t, l, q], exact))| LayerSplit {
                 layer,
                 stage: &t.stage,
                 total: t.total,
                 quantization: t.quantization,
                 logic: t.logic,
-                exact: t.exact,
-                dominant: dominant(t.quantization, t.logic),
+                worst_logic_stage: &l.stage,
+                worst_logic: l.logic,
+                worst_quantization_stage: &q.stage,
+                worst_quantization: q.quantization,
+                exact,
+                dominant: dominant(q.quantization, l.logic),
                 quant_records: self.quant.get(&layer).copied(),
             })
             .collect()

@@ -1,5 +1,6 @@
 //! The error split as `diff` prints it: per layer of the table's pass, the stage with the
-//! largest total and its three parts, then the identity's residual over the run.
+//! largest total and its three parts, the stage with the largest logic part and that part,
+//! then the identity's residual over the run.
 
 use std::fmt::Write as _;
 
@@ -19,7 +20,14 @@ impl SplitReport<'_> {
             colors.bold("error split,"),
             self.table_pass
         );
-        if self.layers.is_empty() {
+        if self.table_pass_other_tokens {
+            let _ = writeln!(
+                out,
+                "pass {} not split: the other or the quantized run consumed other token ids \
+                 than the reference",
+                self.table_pass
+            );
+        } else if self.layers.is_empty() {
             let _ = writeln!(
                 out,
                 "no tensor of pass {} is in all three runs",
@@ -33,10 +41,10 @@ impl SplitReport<'_> {
 
     fn table(&self, out: &mut String, colors: &Colors) {
         let records = self.layers.iter().any(|l| l.quant_records.is_some());
-        let line = |cells: [&str; 6], last: &str| {
+        let line = |cells: [&str; 7], last: &str| {
             format!(
-                "{:>5}  {:<16}  {:>10}  {:>12}  {:>10}  {:<12}{last}",
-                cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
+                "{:>5}  {:<16}  {:>10}  {:>12}  {:>10}  {:<26}  {:<12}{last}",
+                cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6]
             )
         };
         let head = [
@@ -45,6 +53,7 @@ impl SplitReport<'_> {
             "total",
             "quantization",
             "logic",
+            "worst logic",
             "dominant",
         ];
         let last = if records { "  quant records" } else { "" };
@@ -59,17 +68,22 @@ impl SplitReport<'_> {
             };
             let layer = row.layer.to_string();
             let parts = [row.total, row.quantization, row.logic].map(part);
+            let worst_logic = format!("{} {}", part(row.worst_logic), row.worst_logic_stage);
             let cells = [
                 layer.as_str(),
                 row.stage,
                 &parts[0],
                 &parts[1],
                 &parts[2],
+                &worst_logic,
                 dominant,
             ];
             let _ = writeln!(out, "{}", line(cells, &records).trim_end());
         }
-        let mut notes = Vec::new();
+        let mut notes = vec![
+            "worst logic: the layer's largest logic part and its stage; dominant: the layer's \
+             largest quantization part against its largest logic part",
+        ];
         if self.layers.iter().any(|l| !l.exact) {
             notes.push("≈: estimated from the sketches, the three runs not all captured");
         }
@@ -79,9 +93,7 @@ impl SplitReport<'_> {
                  their own f32 matmuls (how many)",
             );
         }
-        if !notes.is_empty() {
-            let _ = writeln!(out, "{}", colors.dim(&format!("({})", notes.join("; "))));
-        }
+        let _ = writeln!(out, "{}", colors.dim(&format!("({})", notes.join("; "))));
     }
 
     /// The identity's residual over the run, and what was not split.
@@ -102,9 +114,16 @@ impl SplitReport<'_> {
         }
         if t.not_split > 0 {
             missing.push(format!(
-                "{} could not be split (lengths that differ, or neither captures nor sketches \
-                 in all three)",
-                t.not_split
+                "{} could not be split ({} of them shapes that differ; the others neither \
+                 captures nor sketches in all three)",
+                t.not_split, t.shapes_differ
+            ));
+        }
+        if let Some(first) = t.first_pass_other_tokens {
+            missing.push(format!(
+                "{} passes not split, the other or the quantized run consuming other token ids \
+                 than the reference, the first of them pass {first}",
+                t.passes_other_tokens
             ));
         }
         if t.non_finite_elements > 0 {
