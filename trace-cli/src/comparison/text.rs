@@ -432,9 +432,9 @@ fn describe(
     }
     let _ = writeln!(
         out,
-        "  shape {:?}; tolerance atol {:e}, rtol {}{}; compared {}",
+        "  shape {:?}; tolerance atol {}, rtol {}{}; compared {}",
         p.shapes.0,
-        p.tolerance.atol,
+        tolerance_number(p.tolerance.atol),
         number_text(p.tolerance.rtol),
         if p.error_stat == tolerances.error_stat {
             String::new()
