@@ -3,7 +3,7 @@
 //! read from its free `metadata.dtype` text (`"Q4_K, Q6_K weights, f32 activations"`, `"f32
 //! weights dequantized from Q4_K"`), and what is read so says so.
 
-use trace_runtime::{weight_kind, Precision, TraceHeader, WeightKind};
+use trace_runtime::{float_name, Precision, TraceHeader};
 
 /// The kind of weights a header says a run computed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,27 +113,16 @@ impl WeightsSaid {
     /// The quantized types a float run's weights were dequantized from, sorted, upper case
     /// (empty where the header does not say).
     pub(crate) fn dequantized_from(&self) -> Vec<String> {
-        let mut types: Vec<String> = (self.precision())
-            .map(|p| {
-                p.dequantized_from
-                    .iter()
-                    .map(|t| t.to_ascii_uppercase())
-                    .collect()
-            })
-            .unwrap_or_default();
-        types.sort();
-        types
+        sorted_names(self.precision().map_or(&[][..], |p| &p.dequantized_from))
     }
 
     /// The quantized weights' types, sorted, upper case (empty unless the header says they are
     /// quantized).
     pub(crate) fn quantized_types(&self) -> Vec<String> {
-        let mut types: Vec<String> = match (self.is_quantized(), self.precision()) {
-            (true, Some(p)) => p.weights.iter().map(|t| t.to_ascii_uppercase()).collect(),
+        match (self.is_quantized(), self.precision()) {
+            (true, Some(p)) => sorted_names(&p.weights),
             _ => Vec::new(),
-        };
-        types.sort();
-        types
+        }
     }
 
     /// Who the header says computed it (`the port`, `llama.cpp`), where it says.
@@ -173,7 +162,7 @@ fn weights_in_text(text: &str) -> Weights {
         .filter(|w| !w.is_empty())
         .collect();
     if words.contains(&"dequantized") {
-        let float = words.iter().find_map(|w| float_word(w));
+        let float = words.iter().find_map(|w| float_name(w));
         return float.map_or(Weights::Unknown, |dtype| Weights::Float(dtype.to_owned()));
     }
     if words.iter().any(|w| quantized_word(w)) {
@@ -183,14 +172,11 @@ fn weights_in_text(text: &str) -> Weights {
     }
 }
 
-/// The float type a word of a dtype text names (`f32`, `float16`, `bf16`).
-fn float_word(word: &str) -> Option<&'static str> {
-    match word {
-        "f32" | "fp32" | "float32" => Some("F32"),
-        "f16" | "fp16" | "float16" | "half" => Some("F16"),
-        "bf16" | "bfloat16" => Some("BF16"),
-        _ => None,
-    }
+/// Type names upper case, sorted: one list of types however a writer spelled and ordered them.
+fn sorted_names(names: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|t| t.to_ascii_uppercase()).collect();
+    names.sort();
+    names
 }
 
 /// Whether a word of a dtype text is a quantized GGUF type: `q`, `iq` or `tq`, a digit, then
@@ -199,8 +185,7 @@ fn quantized_word(word: &str) -> bool {
     let rest = ["iq", "tq", "q"]
         .iter()
         .find_map(|prefix| word.strip_prefix(prefix));
-    let digit = rest.is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
-    digit && weight_kind(word) == WeightKind::Quantized
+    rest.is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -209,7 +194,11 @@ mod tests {
 
     #[test]
     fn dtype_texts_of_older_traces_are_read() {
-        let quantized = ["Q4_K, Q5_0, Q6_K and Q8_0 weights, f32 activations", "q4_1"];
+        let quantized = [
+            "Q4_K, Q5_0, Q6_K and Q8_0 weights, f32 activations",
+            "q4_1",
+            "Q4_K_M GGUF, f32 activations",
+        ];
         for text in quantized {
             assert_eq!(weights_in_text(text), Weights::Quantized, "{text}");
         }

@@ -753,7 +753,6 @@ impl Model {
         &self.blocks
     }
 
-    /// Every quantized matmul, in execution order within a block, the head last.
     /// Runs every matmul on its dequantized f32 weight from now on
     /// ([`QuantLinear::dequantize`]): the relations between passes (one prefill against a
     /// prefill and decode steps, chunks, a batch) then hold to f32 rounding, where the 8-bit
@@ -790,6 +789,7 @@ impl Model {
             .kv_cache("F32")
     }
 
+    /// Every quantized matmul, in execution order within a block, the head last.
     pub fn quant_linears(&self) -> Vec<&QuantLinear> {
         let mut all: Vec<&QuantLinear> = Vec::with_capacity(self.blocks.len() * 7 + 1);
         for block in &self.blocks {
