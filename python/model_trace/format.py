@@ -21,7 +21,7 @@ import numpy as np
 from .floats import NumberTexts, f32_text  # noqa: F401
 
 FORMAT_NAME = "model-trace"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SKETCH_DIM = 8
 SKETCH_SEED = 0x6D646C7472616365
 SAMPLE_LEN = 4

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::RecordErrorKind;
 use crate::record::{
     ActivationAnomalyKind, Anomaly, AttentionWeightTrace, KvCacheStateTrace, LogitEvolutionTrace,
-    QuantizationErrorTrace,
+    QuantizationErrorTrace, RouterEvent,
 };
 use crate::summary::TensorSummary;
 use crate::tracepoint::Tracepoint;
@@ -104,6 +104,8 @@ events! {
     KvCache(KvCacheEvent) = "kv_cache",
     /// Error of a quantized computation against its reference.
     Quant(QuantEvent) = "quant",
+    /// A mixture-of-experts router: per token the experts chosen and their weights. Schema 3 on.
+    Router(RouterEvent) = "router",
     /// A tensor a tracepoint saw was changed (ablated, scaled, steered, or by a function of the
     /// user's): what was changed and by how much. Schema 2 on.
     Intervention(InterventionEvent) = "intervention",
@@ -132,6 +134,7 @@ impl Event {
             Event::Attention(e) => e.pass,
             Event::KvCache(e) => e.pass,
             Event::Quant(e) => e.pass,
+            Event::Router(e) => e.pass,
             Event::Intervention(e) => e.pass,
             Event::Error(e) => e.pass,
             Event::SessionEnd(_) => None,

@@ -9,7 +9,7 @@ use crate::tracepoint::{tracepoints, Tracepoint, TracepointKind};
 
 /// Version of the trace-file schema this crate writes and reads. A reader refuses a file of a
 /// newer version; `docs/trace-format.md` says what each version means.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The value of the header's `format` field.
 pub const FORMAT_NAME: &str = "model-trace";

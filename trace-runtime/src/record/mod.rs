@@ -1,5 +1,5 @@
 //! The records: what tracing keeps of a run. Statistics of layers and their stages, sparse
-//! attention rows, logit ranks, KV-cache steps and quantization errors, the events that carry
+//! attention rows, logit ranks, KV-cache steps, quantization errors and experts' routing, the events that carry
 //! them from a session to its sinks, and the header that describes a session.
 
 mod activation;
@@ -12,6 +12,7 @@ mod logit;
 mod precision;
 mod quant;
 mod quant_type;
+mod router;
 mod stage;
 
 pub use activation::*;
@@ -24,4 +25,5 @@ pub use logit::*;
 pub use precision::*;
 pub use quant::*;
 pub use quant_type::QuantType;
+pub use router::*;
 pub use stage::Stage;

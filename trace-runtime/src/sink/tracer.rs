@@ -197,7 +197,7 @@ impl ModelTracer {
             Event::Error(error) => self.totals.count_error(error),
             Event::SessionEnd(end) => self.totals.errors_not_kept = end.errors_not_kept,
             // What was recorded already says what the program saw; the trace file says why.
-            Event::Logits(_) | Event::Intervention(_) => {}
+            Event::Logits(_) | Event::Intervention(_) | Event::Router(_) => {}
         }
     }
 
