@@ -2,7 +2,7 @@
 //! norms, and DeepSeek's multi-head latent attention; the rotary tables, the RMS norm and the
 //! KV cache they share.
 
-use crate::config::{AttentionConfig, Config};
+use crate::config::{AttentionConfig, Config, LatentConfig};
 use crate::error::Result as LoadResult;
 use crate::weights::Weights;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
@@ -137,13 +137,20 @@ impl Attention {
         rotary: Arc<Rotary>,
     ) -> LoadResult<Self> {
         let prefix = format!("model.layers.{layer}.self_attn");
-        Ok(match config.attention {
-            AttentionConfig::Grouped { .. } => {
-                Attention::Grouped(GroupedAttention::load(weights, &prefix, config, rotary)?)
-            }
-            AttentionConfig::Latent { .. } => {
-                Attention::Latent(LatentAttention::load(weights, &prefix, config, rotary)?)
-            }
+        Ok(match &config.attention {
+            &AttentionConfig::Grouped {
+                num_kv_heads,
+                head_dim,
+            } => Attention::Grouped(GroupedAttention::load(
+                weights,
+                &prefix,
+                config,
+                (num_kv_heads, head_dim),
+                rotary,
+            )?),
+            AttentionConfig::Latent(latent) => Attention::Latent(LatentAttention::load(
+                weights, &prefix, config, latent, rotary,
+            )?),
         })
     }
 
@@ -202,19 +209,14 @@ pub struct GroupedAttention {
 }
 
 impl GroupedAttention {
+    /// The attention under `prefix` with `(num_kv_heads, head_dim)`.
     fn load(
         weights: &Weights,
         prefix: &str,
         config: &Config,
+        (num_kv_heads, head_dim): (usize, usize),
         rotary: Arc<Rotary>,
     ) -> LoadResult<Self> {
-        let AttentionConfig::Grouped {
-            num_kv_heads,
-            head_dim,
-        } = config.attention
-        else {
-            unreachable!("GroupedAttention::load is called for grouped attention only")
-        };
         let (hidden, heads) = (config.hidden_size, config.num_heads);
         let name = |part: &str| format!("{prefix}.{part}.weight");
         Ok(Self {
@@ -312,19 +314,17 @@ impl LatentAttention {
         weights: &Weights,
         prefix: &str,
         config: &Config,
+        latent: &LatentConfig,
         rotary: Arc<Rotary>,
     ) -> LoadResult<Self> {
-        let AttentionConfig::Latent {
+        let &LatentConfig {
             q_lora_rank,
             kv_lora_rank,
             qk_nope_head_dim: nope_dim,
             qk_rope_head_dim: rope_dim,
             v_head_dim: v_dim,
             rope_interleave,
-        } = config.attention
-        else {
-            unreachable!("LatentAttention::load is called for latent attention only")
-        };
+        } = latent;
         let (hidden, heads) = (config.hidden_size, config.num_heads);
         let name = |part: &str| format!("{prefix}.{part}.weight");
         let q_width = heads * (nope_dim + rope_dim);

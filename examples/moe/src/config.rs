@@ -72,18 +72,21 @@ pub enum AttentionConfig {
         num_kv_heads: usize,
         head_dim: usize,
     },
-    /// Multi-head latent attention (DeepSeek V2/V3): queries through a low-rank bottleneck
-    /// (`q_lora_rank`, or one projection where it is null), keys and values from a shared
-    /// latent of `kv_lora_rank` plus one rotary key of `qk_rope_head_dim` for all heads.
-    Latent {
-        q_lora_rank: Option<usize>,
-        kv_lora_rank: usize,
-        qk_nope_head_dim: usize,
-        qk_rope_head_dim: usize,
-        v_head_dim: usize,
-        /// Whether the rotary dimensions are laid out in interleaved pairs (`rope_interleave`).
-        rope_interleave: bool,
-    },
+    Latent(LatentConfig),
+}
+
+/// Multi-head latent attention (DeepSeek V2/V3): queries through a low-rank bottleneck
+/// (`q_lora_rank`, or one projection where it is null), keys and values from a shared latent
+/// of `kv_lora_rank` plus one rotary key of `qk_rope_head_dim` for all heads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatentConfig {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Whether the rotary dimensions are laid out in interleaved pairs (`rope_interleave`).
+    pub rope_interleave: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -221,14 +224,14 @@ fn deepseek_v3(
              attention expands keys and values for every head"
         )));
     }
-    let attention = AttentionConfig::Latent {
+    let attention = AttentionConfig::Latent(LatentConfig {
         q_lora_rank: fields.optional_usize("q_lora_rank")?,
         kv_lora_rank: fields.usize("kv_lora_rank")?,
         qk_nope_head_dim: fields.usize("qk_nope_head_dim")?,
         qk_rope_head_dim: fields.usize("qk_rope_head_dim")?,
         v_head_dim: fields.usize("v_head_dim")?,
         rope_interleave: fields.optional_bool("rope_interleave")?.unwrap_or(true),
-    };
+    });
     let expert_width = fields.usize("moe_intermediate_size")?;
     let shared = fields.optional_usize("n_shared_experts")?.unwrap_or(0);
     let first_moe = fields.optional_usize("first_k_dense_replace")?.unwrap_or(0);

@@ -139,9 +139,7 @@ impl Model {
     pub fn from_weights(config: Config, weights: &Weights) -> LoadResult<Self> {
         let rotary_dim = match config.attention {
             AttentionConfig::Grouped { head_dim, .. } => head_dim,
-            AttentionConfig::Latent {
-                qk_rope_head_dim, ..
-            } => qk_rope_head_dim,
+            AttentionConfig::Latent(ref latent) => latent.qk_rope_head_dim,
         };
         let rotary = Arc::new(Rotary::new(
             config.rope_theta,

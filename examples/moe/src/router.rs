@@ -72,24 +72,33 @@ impl Router {
 
     /// The softmax router (Qwen3-MoE).
     fn route_softmax(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let logits = self.logits(xs)?;
-        let choices = logits
-            .to_vec2::<f32>()?
-            .iter()
-            .map(|row| self.softmax_choice(row))
-            .collect::<Vec<_>>();
-        self.outputs(logits, &choices)
+        self.route_rows(xs, Self::softmax_choice)
     }
 
     /// The sigmoid router with its selection bias and groups (DeepSeek-V3).
     fn route_sigmoid(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        self.route_rows(xs, Self::sigmoid_choice)
+    }
+
+    /// The logits of `xs`, each row's choice by `choose`, as the router's three tensors.
+    fn route_rows(
+        &self,
+        xs: &Tensor,
+        choose: fn(&Self, &[f32]) -> Choice,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let logits = self.logits(xs)?;
-        let choices = logits
-            .to_vec2::<f32>()?
-            .iter()
-            .map(|row| self.sigmoid_choice(row))
-            .collect::<Vec<_>>();
-        self.outputs(logits, &choices)
+        let choices: Vec<Choice> = (logits.to_vec2::<f32>()?.iter())
+            .map(|row| choose(self, row))
+            .collect();
+        let (rows, k) = (choices.len(), self.config.top_k);
+        let weights: Vec<f32> = choices.iter().flat_map(|c| c.weights.clone()).collect();
+        let experts: Vec<u32> = choices.iter().flat_map(|c| c.experts.clone()).collect();
+        let device = logits.device().clone();
+        Ok((
+            logits,
+            Tensor::from_vec(weights, (rows, k), &device)?,
+            Tensor::from_vec(experts, (rows, k), &device)?,
+        ))
     }
 
     /// The selection bias `[experts]`, where the router has one.
@@ -202,19 +211,6 @@ impl Router {
             .map(|e| ((e + shift) % num_experts) as u32)
             .collect();
         Choice { experts, weights }
-    }
-
-    /// The logits and each row's choice as the router's three tensors.
-    fn outputs(&self, logits: Tensor, choices: &[Choice]) -> Result<(Tensor, Tensor, Tensor)> {
-        let (rows, k) = (choices.len(), self.config.top_k);
-        let device = logits.device().clone();
-        let weights: Vec<f32> = choices.iter().flat_map(|c| c.weights.clone()).collect();
-        let experts: Vec<u32> = choices.iter().flat_map(|c| c.experts.clone()).collect();
-        Ok((
-            logits,
-            Tensor::from_vec(weights, (rows, k), &device)?,
-            Tensor::from_vec(experts, (rows, k), &device)?,
-        ))
     }
 
     fn injected(&self, bug: Bug) -> bool {
