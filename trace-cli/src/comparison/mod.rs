@@ -22,6 +22,7 @@ mod findings;
 mod floor;
 pub(crate) mod isolated;
 pub(crate) mod positions;
+pub(crate) mod routing;
 pub(crate) mod split;
 mod stream;
 mod text;
