@@ -41,7 +41,7 @@ struct Run {
     noise: bool,
     /// At this (pass, layer, row), the router chooses its runner-up instead of its second
     /// expert (its top-k is wrong; its logits are the reference's).
-    wrong_choice: Option<(usize, usize, usize)>,
+    wrong_choice: &'static [(usize, usize, usize)],
     /// In this layer, the weights are the softmax over every expert, not renormalized over
     /// the chosen two.
     unnormalized: Option<usize>,
@@ -151,7 +151,7 @@ impl Run {
             }
         }
         let mut token = routed(row, &logits, self.unnormalized == Some(layer));
-        if self.wrong_choice == Some((pass, layer, row)) {
+        if self.wrong_choice.contains(&(pass, layer, row)) {
             // The runner-up chosen in place of the second expert: the logits stay its own.
             let second = token.experts[1];
             token.experts[1] = token.runner_up.expect("a runner-up");
@@ -303,7 +303,7 @@ fn a_near_tie_is_told_from_a_divergence() {
 
     // The same noise, and at pass 1, layer 2, row 0 a router that chose its runner-up.
     let wrong = Run {
-        wrong_choice: Some((1, 2, 0)),
+        wrong_choice: &[(1, 2, 0)],
         ..noisy
     };
     let wrong_path = write(&dir, "wrong.ndjson", wrong);
@@ -400,7 +400,7 @@ fn a_floor_excuses_the_routing_differences_it_has_itself() {
     let dir = scratch("routing-floor");
     let reference = write(&dir, "ref.ndjson", Run::default());
     let wrong = Run {
-        wrong_choice: Some((1, 2, 0)),
+        wrong_choice: &[(1, 2, 0)],
         ..Run::default()
     };
     let other = write(&dir, "other.ndjson", wrong);
@@ -475,5 +475,48 @@ fn routers_of_other_experts_counts_are_not_compared_but_said() {
             "layer 0: the reference's router has 8 experts, 2 per token, the other's 16 and 2"
         ),
         "{notes}"
+    );
+}
+
+#[test]
+fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
+    let dir = scratch("routing-isolated");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    // The plain run routes differently in layers 1 and 2; fed the reference's input, only
+    // layer 2's router still does.
+    let other = write(
+        &dir,
+        "other.ndjson",
+        Run {
+            wrong_choice: &[(0, 1, 1), (1, 2, 0)],
+            ..Run::default()
+        },
+    );
+    let isolated = write(
+        &dir,
+        "isolated.ndjson",
+        Run {
+            wrong_choice: &[(1, 2, 0)],
+            ..Run::default()
+        },
+    );
+    let (_, json) = diff_json(&[&reference, &other, "--isolated", &isolated]);
+    let first = &json["first_local_routing_divergence"];
+    assert_eq!(
+        (&first["pass"], &first["layer"], &first["row"]),
+        (&Value::from(1), &Value::from(2), &Value::from(0))
+    );
+    let local: Vec<(&Value, &Value)> = json["local_routing"]
+        .as_array()
+        .expect("local_routing")
+        .iter()
+        .map(|l| (&l["inherited"], &l["local"]))
+        .collect();
+    assert_eq!(local[1], (&Value::from("routing"), &Value::from("same")));
+    assert_eq!(local[2], (&Value::from("routing"), &Value::from("routing")));
+    let said = text(&run(&["diff", &reference, &other, "--isolated", &isolated]));
+    assert!(
+        said.contains("first router wrong on its own: pass 1, layer 2, row 0"),
+        "{said}"
     );
 }

@@ -201,6 +201,11 @@ impl TraceComparison {
         self.findings.table.pass.unwrap_or(0)
     }
 
+    /// The routers compared; `None` when neither trace has router calls.
+    pub(crate) fn routing(&self) -> Option<&routing::RoutingReport> {
+        self.findings.routing.report()
+    }
+
     /// The first divergence (for an isolated run, the first among what the layers computed).
     pub(crate) fn first(&self) -> Option<&TensorComparison> {
         self.findings.first.as_ref().map(|first| &first.pair)

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use trace_runtime::RouterEvent;
 
-pub(crate) use self::layer::LayerRouting;
 use self::layer::{CallDifferences, DifferingToken};
+pub(crate) use self::layer::{LayerRouting, LayerVerdict};
 pub(crate) use self::token::RoutingVerdict;
 
 /// Router calls named in the notes of calls only one trace has, at most.
