@@ -520,3 +520,61 @@ fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
         "{said}"
     );
 }
+
+#[test]
+fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
+    let dir = scratch("routing-summary");
+    let wrong = write(
+        &dir,
+        "wrong.ndjson",
+        Run {
+            wrong_choice: &[(1, 2, 0)],
+            ..Run::default()
+        },
+    );
+    let output = run(&["summary", "--json", &wrong]);
+    let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let routers = json["routers"].as_array().expect("routers");
+    assert_eq!(routers.len(), LAYERS);
+    for layer in routers {
+        let load: Vec<u64> = (layer["load"].as_array().unwrap().iter())
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(load.iter().sum::<u64>() as usize, PASSES * ROWS * TOP_K);
+        let mean = load.iter().sum::<u64>() as f64 / EXPERTS as f64;
+        let imbalance = *load.iter().max().unwrap() as f64 / mean;
+        assert!((layer["imbalance"].as_f64().unwrap() - imbalance).abs() < 1e-12);
+    }
+    let not_top_k: Vec<u64> = routers
+        .iter()
+        .map(|l| l["not_top_k"].as_u64().unwrap())
+        .collect();
+    assert_eq!(not_top_k, [0, 0, 1]);
+    // Layer 1's narrowest choice is the near-tie.
+    let narrowest = &routers[1]["narrowest"][0];
+    assert_eq!(
+        (&narrowest["pass"], &narrowest["row"]),
+        (&Value::from(TIED.0), &Value::from(TIED.2))
+    );
+    let said = text(&run(&["summary", &wrong]));
+    assert!(
+        said.contains(
+            "layer 2: 1 of its 8 tokens chose experts that are not the top-2 of their own \
+             selection scores"
+        ),
+        "{said}"
+    );
+
+    let plain = write(
+        &dir,
+        "plain.ndjson",
+        Run {
+            no_routers: true,
+            ..Run::default()
+        },
+    );
+    let output = run(&["summary", "--json", &plain]);
+    let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert!(json.get("routers").is_none());
+    assert!(!text(&run(&["summary", &plain])).contains("routers:"));
+}
