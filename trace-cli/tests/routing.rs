@@ -19,7 +19,7 @@ use model_trace::{
 };
 use serde_json::Value;
 
-use common::{run, scratch, text};
+use common::{embedded_data, run, scratch, text};
 
 const LAYERS: usize = 3;
 const PASSES: usize = 2;
@@ -577,4 +577,46 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
     let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert!(json.get("routers").is_none());
     assert!(!text(&run(&["summary", &plain])).contains("routers:"));
+}
+
+#[test]
+fn the_report_carries_each_layers_load_and_the_routing_comparison() {
+    let dir = scratch("routing-report");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let wrong = write(
+        &dir,
+        "wrong.ndjson",
+        Run {
+            wrong_choice: &[(1, 2, 0)],
+            ..Run::default()
+        },
+    );
+    let page = dir.join("report.html");
+    let page_arg = page.to_str().unwrap();
+    let output = run(&["report", &wrong, "--against", &reference, "-o", page_arg]);
+    assert!(output.status.success(), "{}", text(&output));
+    let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
+    let routers = data["routers"].as_array().expect("routers");
+    assert_eq!(routers.len(), LAYERS);
+    // The summary's figures: the page draws the same loads.
+    let summary: Value =
+        serde_json::from_slice(&run(&["summary", "--json", &wrong]).stdout).expect("JSON");
+    assert_eq!(data["routers"], summary["routers"]);
+    let diff_text = data["diff"]["text"].as_str().unwrap();
+    assert!(
+        diff_text.contains("first token routed differently: pass 1, layer 2, row 0"),
+        "{diff_text}"
+    );
+
+    let plain = write(
+        &dir,
+        "plain.ndjson",
+        Run {
+            no_routers: true,
+            ..Run::default()
+        },
+    );
+    assert!(run(&["report", &plain, "-o", page_arg]).status.success());
+    let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
+    assert_eq!(data["routers"], Value::Array(Vec::new()));
 }
