@@ -10,6 +10,9 @@ use super::token::{
     judge, logit_error, same_experts, weights_past_error, RoutingVerdict, WeightDifference,
 };
 
+/// Tokens a layer must have compared before many near-ties (over a tenth) are noted.
+const MANY_NEAR_TIES_OF: usize = 10;
+
 /// A layer's routing in one word.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -262,6 +265,19 @@ impl LayerRouting {
                 "layer {}: the two routers score their logits by other functions (softmax, \
                  sigmoid); compared all the same",
                 self.layer
+            ));
+        }
+        // Rounding flips a close call now and then; a tenth of the tokens flipping says the
+        // router logits themselves are off (its input, or its gate weights).
+        if self.tokens >= MANY_NEAR_TIES_OF && self.near_ties * 10 > self.tokens {
+            notes.push(format!(
+                "layer {}: {} of {} tokens are near-ties, more than rounding flips: the other's \
+                 router logits are off by up to {:.2e}, so the router's input or gate weights \
+                 may be what differs",
+                self.layer,
+                self.near_ties,
+                self.tokens,
+                self.max_logit_error.unwrap_or(f64::NAN)
             ));
         }
         if self.rows_unmatched > 0 {
