@@ -102,6 +102,22 @@ fn routed(row: usize, logits: &[f32], unnormalized: bool) -> RoutedToken {
 }
 
 impl Run {
+    /// The reference's routing but for the tokens at `wrong`, which chose their runner-up.
+    fn wrong(wrong: &'static [(usize, usize, usize)]) -> Self {
+        Self {
+            wrong_choice: wrong,
+            ..Self::default()
+        }
+    }
+
+    /// The reference's model, recording no router calls.
+    fn without_routers() -> Self {
+        Self {
+            no_routers: true,
+            ..Self::default()
+        }
+    }
+
     /// The router call of `layer` in `pass`.
     fn router(&self, pass: usize, layer: usize) -> RouterEvent {
         let experts = self.experts.unwrap_or(EXPERTS);
@@ -399,10 +415,7 @@ fn the_experts_computation_is_told_from_their_choice() {
 fn a_floor_excuses_the_routing_differences_it_has_itself() {
     let dir = scratch("routing-floor");
     let reference = write(&dir, "ref.ndjson", Run::default());
-    let wrong = Run {
-        wrong_choice: &[(1, 2, 0)],
-        ..Run::default()
-    };
+    let wrong = Run::wrong(&[(1, 2, 0)]);
     let other = write(&dir, "other.ndjson", wrong);
     let same_floor = write(&dir, "floor-same.ndjson", wrong);
     let clean_floor = write(&dir, "floor-clean.ndjson", Run::default());
@@ -425,10 +438,7 @@ fn a_floor_excuses_the_routing_differences_it_has_itself() {
 #[test]
 fn traces_without_routers_are_unchanged_and_one_side_without_is_said() {
     let dir = scratch("moe-plain");
-    let none = Run {
-        no_routers: true,
-        ..Run::default()
-    };
+    let none = Run::without_routers();
     let (a, b) = (write(&dir, "a.ndjson", none), write(&dir, "b.ndjson", none));
     let (code, json) = diff_json(&[&a, &b]);
     assert_eq!(code, Some(0));
@@ -484,22 +494,8 @@ fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
     let reference = write(&dir, "ref.ndjson", Run::default());
     // The plain run routes differently in layers 1 and 2; fed the reference's input, only
     // layer 2's router still does.
-    let other = write(
-        &dir,
-        "other.ndjson",
-        Run {
-            wrong_choice: &[(0, 1, 1), (1, 2, 0)],
-            ..Run::default()
-        },
-    );
-    let isolated = write(
-        &dir,
-        "isolated.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let other = write(&dir, "other.ndjson", Run::wrong(&[(0, 1, 1), (1, 2, 0)]));
+    let isolated = write(&dir, "isolated.ndjson", Run::wrong(&[(1, 2, 0)]));
     let (_, json) = diff_json(&[&reference, &other, "--isolated", &isolated]);
     let first = &json["first_local_routing_divergence"];
     assert_eq!(
@@ -524,14 +520,7 @@ fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
 #[test]
 fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
     let dir = scratch("routing-summary");
-    let wrong = write(
-        &dir,
-        "wrong.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let wrong = write(&dir, "wrong.ndjson", Run::wrong(&[(1, 2, 0)]));
     let output = run(&["summary", "--json", &wrong]);
     let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let routers = json["routers"].as_array().expect("routers");
@@ -565,14 +554,7 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
         "{said}"
     );
 
-    let plain = write(
-        &dir,
-        "plain.ndjson",
-        Run {
-            no_routers: true,
-            ..Run::default()
-        },
-    );
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
     let output = run(&["summary", "--json", &plain]);
     let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert!(json.get("routers").is_none());
@@ -583,14 +565,7 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
 fn the_report_carries_each_layers_load_and_the_routing_comparison() {
     let dir = scratch("routing-report");
     let reference = write(&dir, "ref.ndjson", Run::default());
-    let wrong = write(
-        &dir,
-        "wrong.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let wrong = write(&dir, "wrong.ndjson", Run::wrong(&[(1, 2, 0)]));
     let page = dir.join("report.html");
     let page_arg = page.to_str().unwrap();
     let output = run(&["report", &wrong, "--against", &reference, "-o", page_arg]);
@@ -608,14 +583,7 @@ fn the_report_carries_each_layers_load_and_the_routing_comparison() {
         "{diff_text}"
     );
 
-    let plain = write(
-        &dir,
-        "plain.ndjson",
-        Run {
-            no_routers: true,
-            ..Run::default()
-        },
-    );
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
     assert!(run(&["report", &plain, "-o", page_arg]).status.success());
     let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
     assert_eq!(data["routers"], Value::Array(Vec::new()));
