@@ -51,6 +51,8 @@ struct Run {
     experts: Option<usize>,
     /// No router calls at all.
     no_routers: bool,
+    /// In this layer, every router logit 1.5 off (up for odd experts, down for even ones).
+    logits_off: Option<usize>,
 }
 
 /// The router logits of a token: experts `(row + layer) % 8` and `+3` at 3 and 2, the runner-up
@@ -164,6 +166,11 @@ impl Run {
                     ((row + layer + 3) % experts, (row + layer + 5) % experts);
                 logits[weakest] = reference[weakest] - NOISE;
                 logits[runner_up] = reference[runner_up] + NOISE;
+            }
+        }
+        if self.logits_off == Some(layer) {
+            for (e, l) in logits.iter_mut().enumerate() {
+                *l += if e % 2 == 1 { 1.5 } else { -1.5 };
             }
         }
         let mut token = routed(row, &logits, self.unnormalized == Some(layer));
@@ -587,4 +594,46 @@ fn the_report_carries_each_layers_load_and_the_routing_comparison() {
     assert!(run(&["report", &plain, "-o", page_arg]).status.success());
     let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
     assert_eq!(data["routers"], Value::Array(Vec::new()));
+}
+
+#[test]
+fn the_comparison_by_position_says_it_leaves_the_routers_out() {
+    let dir = scratch("routing-position");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
+    let said = text(&run(&["diff", "--by-position", &reference, &plain]));
+    assert!(
+        said.contains(&format!(
+            "the routers of {reference} ({} calls) are not compared by position",
+            LAYERS * PASSES
+        )),
+        "{said}"
+    );
+    let said = text(&run(&["diff", "--by-position", &plain, &plain]));
+    assert!(!said.contains("routers of"), "{said}");
+}
+
+#[test]
+fn near_ties_in_numbers_say_the_router_logits_are_off() {
+    let dir = scratch("routing-logits-off");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let off = Run {
+        logits_off: Some(0),
+        ..Run::default()
+    };
+    let other = write(&dir, "other.ndjson", off);
+    let (_, json) = diff_json(&[&reference, &other]);
+    let layer = &json["routing"]["layers"][0];
+    // Each token's choice moved, each within the 1.5 error: near-ties, all of them ...
+    assert_eq!(
+        (&layer["differing"], &layer["near_ties"]),
+        (&Value::from(8), &Value::from(8))
+    );
+    // ... which rounding does not do: said.
+    let notes = json["routing"]["notes"].to_string();
+    assert!(
+        notes.contains("layer 0: 8 of 8 tokens are near-ties, more than rounding flips"),
+        "{notes}"
+    );
+    assert_eq!(json["routing"]["layers"][1]["verdict"], "same");
 }

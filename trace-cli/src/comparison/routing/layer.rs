@@ -11,7 +11,7 @@ use super::token::{
 };
 
 /// Tokens a layer must have compared before many near-ties (over a tenth) are noted.
-const MANY_NEAR_TIES_OF: usize = 10;
+const MANY_NEAR_TIES_OF: usize = 8;
 
 /// A layer's routing in one word.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
