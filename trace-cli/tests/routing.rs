@@ -416,6 +416,21 @@ fn the_experts_computation_is_told_from_their_choice() {
         said.contains("layer 1: routing matches, but mlp_out diverges: the experts' computation, not the choice"),
         "{said}"
     );
+    // The same mlp_out with a router that chose otherwise: the choice may explain it.
+    let both = write(
+        &dir,
+        "both.ndjson",
+        Run {
+            mlp_out_off: Some(1),
+            ..Run::wrong(&[(0, 1, 3)])
+        },
+    );
+    let said = text(&run(&["diff", &reference, &both]));
+    assert!(
+        said.contains("layer 1: mlp_out diverges, and 1 token chose other experts"),
+        "{said}"
+    );
+    assert!(!said.contains("routing matches"), "{said}");
 }
 
 #[test]

@@ -218,7 +218,8 @@ impl LayerRouting {
         theirs: &'a RouterEvent,
     ) -> Vec<(&'a RoutedToken, &'a RoutedToken, f64, bool)> {
         let pairs = token_pairs(ours, theirs, &mut self.max_logit_error);
-        self.rows_unmatched += ours.tokens.len() + theirs.tokens.len() - 2 * pairs.len();
+        self.rows_unmatched +=
+            (ours.tokens.len() + theirs.tokens.len()).saturating_sub(2 * pairs.len());
         pairs
     }
 
