@@ -205,29 +205,51 @@ impl Value for QuantVariant {
     }
 }
 
-/// `scoring = softmax` or `scoring = sigmoid`: the name, checked in `valid.rs`.
+/// What `scoring = ...` accepts, with the `RouterScoring` variant each names.
+pub(crate) const SCORINGS: &[(&str, &str)] = &[("softmax", "Softmax"), ("sigmoid", "Sigmoid")];
+
+/// `scoring = softmax` or `scoring = sigmoid`: a name of [`SCORINGS`], checked here so that
+/// its mistake is reported with the other arguments'.
 pub(crate) struct Scoring(pub(crate) Ident);
+
+impl Scoring {
+    /// The `RouterScoring` variant it names.
+    pub(crate) fn variant(&self) -> &'static str {
+        let name = self.0.to_string();
+        SCORINGS
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map_or("Softmax", |(_, variant)| variant)
+    }
+}
 
 impl Value for Scoring {
     const PLACEHOLDER: &'static str = "softmax";
 
     fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
-        match &expr {
-            Expr::Path(path) if path.qself.is_none() => {
-                if let Some(ident) = path.path.get_ident() {
-                    return Ok(Self(ident.clone()));
-                }
-            }
-            _ => {}
+        let ident = match &expr {
+            Expr::Path(path) if path.qself.is_none() => path.path.get_ident(),
+            _ => None,
+        };
+        let Some(ident) = ident else {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!("expected `softmax` or `sigmoid` for `{key}`, such as `{key} = sigmoid`"),
+            ));
+        };
+        let name = ident.to_string();
+        if !SCORINGS.iter().any(|(known, _)| *known == name) {
+            return Err(syn::Error::new(
+                ident.span(),
+                format!("unknown scoring `{name}`; expected `softmax` or `sigmoid`"),
+            ));
         }
-        Err(syn::Error::new_spanned(
-            expr,
-            format!("expected `softmax` or `sigmoid` for `{key}`, such as `{key} = sigmoid`"),
-        ))
+        Ok(Self(ident.clone()))
     }
 }
 
-/// `groups = (GROUPS, TOP_GROUPS)`: grouped top-k, two integer expressions.
+/// `groups = (GROUPS, TOP_GROUPS)`: grouped top-k, two integer expressions; written as
+/// literals, at least one group and 1 to `GROUPS` of them chosen.
 pub(crate) struct Groups {
     pub(crate) groups: Expr,
     pub(crate) top_groups: Expr,
@@ -237,21 +259,48 @@ impl Value for Groups {
     const PLACEHOLDER: &'static str = "(GROUPS, TOP_GROUPS)";
 
     fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
-        if let Expr::Tuple(tuple) = &expr {
-            if tuple.elems.len() == 2 {
-                let mut elems = tuple.elems.iter().cloned();
-                if let (Some(groups), Some(top_groups)) = (elems.next(), elems.next()) {
-                    return Ok(Self { groups, top_groups });
-                }
+        let pair = match &expr {
+            Expr::Tuple(tuple) if tuple.elems.len() == 2 => {
+                Some((tuple.elems[0].clone(), tuple.elems[1].clone()))
             }
-        }
-        Err(syn::Error::new_spanned(
-            expr,
-            format!(
-                "expected `{key} = (GROUPS, TOP_GROUPS)`: how many groups the experts split \
-                 into and how many are chosen, such as `{key} = (8, 4)`"
+            _ => None,
+        };
+        let Some((groups, top_groups)) = pair else {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!(
+                    "expected `{key} = (GROUPS, TOP_GROUPS)`: how many groups the experts split \
+                     into and how many are chosen, such as `{key} = (8, 4)`"
+                ),
+            ));
+        };
+        let groups = Self { groups, top_groups };
+        groups.check_literals(key)?;
+        Ok(groups)
+    }
+}
+
+impl Groups {
+    fn check_literals(&self, key: &str) -> syn::Result<()> {
+        let literal = |expr: &Expr| match expr {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(int), ..
+            }) => int.base10_parse::<u64>().ok(),
+            _ => None,
+        };
+        let error = |expr: &Expr, message: String| Err(syn::Error::new_spanned(expr, message));
+        match (literal(&self.groups), literal(&self.top_groups)) {
+            (Some(0), _) => error(&self.groups, format!("`{key}` needs at least one group")),
+            (_, Some(0)) => error(
+                &self.top_groups,
+                format!("`{key}` must choose at least one group"),
             ),
-        ))
+            (Some(count), Some(top)) if top > count => error(
+                &self.top_groups,
+                format!("`{key}` chooses {top} of {count} groups; choose at most {count}"),
+            ),
+            _ => Ok(()),
+        }
     }
 }
 

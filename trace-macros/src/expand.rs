@@ -15,7 +15,7 @@ use crate::ast::{parse_fn, MaybeFn, Output, Param, Passing, TracedFn};
 use crate::attr::{FnArgs, Inline, InlineInput, KvCacheArgs, RouterArgs};
 use crate::errors::both;
 use crate::kind::{InlineMacro, Kind, Macro};
-use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES, SCORINGS};
+use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned as _;
@@ -560,14 +560,7 @@ fn router_uses(args: &RouterArgs) -> Vec<TokenStream> {
 fn router_record(args: &RouterArgs, parts: &TokenStream) -> TokenStream {
     let private = private();
     let layer = Conversion::Layer.option(args.layer.as_ref());
-    let scoring = args
-        .scoring
-        .as_ref()
-        .map_or("softmax".to_owned(), |s| s.0.to_string());
-    let variant = SCORINGS
-        .iter()
-        .find(|(name, _)| *name == scoring)
-        .map_or("Softmax", |(_, variant)| variant);
+    let variant = args.scoring.as_ref().map_or("Softmax", |s| s.variant());
     let variant = Ident::new(variant, Span::call_site());
     let groups = args.groups.as_ref().map_or_else(
         || quote!(::core::option::Option::None),

@@ -3,14 +3,12 @@
 //! own token.
 
 use crate::ast::{output, param, FnParts, Output, Param};
-use crate::attr::{
-    parse_args, FnArgs, Groups, Inline, InlineInput, QuantArgs, QuantAttrs, RouterArgs,
-};
+use crate::attr::{parse_args, FnArgs, Inline, InlineInput, QuantArgs, QuantAttrs};
 use crate::errors::{both, Errors};
 use crate::kind::Macro;
 use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned as _;
-use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr};
+use syn::{ExprPath, Ident, LitStr};
 
 /// The `QuantType` variants of trace-runtime, by their ggml names. `tests/macro_lists.rs`
 /// compares them with `QuantType::ALL` through `__quant_types!`.
@@ -23,9 +21,6 @@ pub(crate) const QUANT_TYPES: &[&str] = &[
 /// The stages that belong to the layer record itself (`Stage::is_layer_boundary` in the
 /// runtime), compared by `tests/macro_lists.rs` through `__reserved_stages!`.
 pub(crate) const RESERVED_STAGES: &[&str] = &["input", "output"];
-
-/// What `scoring = ...` accepts, with the `RouterScoring` variant each names.
-pub(crate) const SCORINGS: &[(&str, &str)] = &[("softmax", "Softmax"), ("sigmoid", "Sigmoid")];
 
 impl FnArgs {
     /// Parses the arguments of an attribute, `#[trace_layer(index = i, name = "block")]`, and
@@ -43,8 +38,7 @@ impl FnArgs {
             Macro::Quant => parse_args(display, tokens)
                 .and_then(QuantArgs::new)
                 .map(FnArgs::Quant),
-            Macro::Router => parse_args::<RouterArgs>(display, tokens)
-                .and_then(|args| args.check().map(|()| FnArgs::Router(Box::new(args)))),
+            Macro::Router => parse_args(display, tokens).map(|args| FnArgs::Router(Box::new(args))),
         }
     }
 }
@@ -59,59 +53,6 @@ impl QuantArgs {
             quant,
             name: attrs.name,
         })
-    }
-}
-
-impl RouterArgs {
-    /// The scoring is one the runtime knows, and groups given as literals can choose.
-    pub(crate) fn check(&self) -> syn::Result<()> {
-        let mut errors = Errors::default();
-        if let Some(scoring) = &self.scoring {
-            errors.check(scoring_known(&scoring.0));
-        }
-        if let Some(groups) = &self.groups {
-            errors.check(groups_can_choose(groups));
-        }
-        errors.finish()
-    }
-}
-
-fn scoring_known(scoring: &Ident) -> syn::Result<()> {
-    let name = scoring.to_string();
-    if SCORINGS.iter().any(|(known, _)| *known == name) {
-        return Ok(());
-    }
-    Err(syn::Error::new(
-        scoring.span(),
-        format!("unknown scoring `{name}`; expected `softmax` or `sigmoid`"),
-    ))
-}
-
-/// `groups = (G, TG)` written as literals: at least one group, and 1 to G of them chosen.
-fn groups_can_choose(groups: &Groups) -> syn::Result<()> {
-    let literal = |expr: &Expr| match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(int), ..
-        }) => int.base10_parse::<u64>().ok(),
-        _ => None,
-    };
-    let (count, top) = (literal(&groups.groups), literal(&groups.top_groups));
-    if count == Some(0) {
-        return Err(syn::Error::new_spanned(
-            &groups.groups,
-            "`groups` needs at least one group",
-        ));
-    }
-    match (count, top) {
-        (_, Some(0)) => Err(syn::Error::new_spanned(
-            &groups.top_groups,
-            "`groups` must choose at least one group",
-        )),
-        (Some(count), Some(top)) if top > count => Err(syn::Error::new_spanned(
-            &groups.top_groups,
-            format!("`groups` chooses {top} of {count} groups; choose at most {count}"),
-        )),
-        _ => Ok(()),
     }
 }
 
@@ -155,8 +96,7 @@ impl InlineInput {
     pub(crate) fn validate(&self) -> syn::Result<()> {
         match &self.what {
             Inline::Tensor(stage) | Inline::Stage(stage) => check_stage_not_reserved(stage),
-            Inline::Attention(_) | Inline::Logits(_) => Ok(()),
-            Inline::Router(values) => values.args.check(),
+            Inline::Attention(_) | Inline::Logits(_) | Inline::Router(_) => Ok(()),
         }
     }
 }
