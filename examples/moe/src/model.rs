@@ -10,7 +10,8 @@
 //! | `trace_tensor!("q_norm" / "k_norm")` | Qwen3-MoE's attention: per head, `[batch, seq, heads, head_dim]` |
 //! | `#[trace_attention]` | [`crate::attention::attention_probs`] |
 //! | `#[trace_logits]` | [`Model::logits`] |
-//! | the router | [`crate::router::Router::route`]: `(logits, weights, experts)` |
+//! | `#[trace_router(scoring = softmax)]` | Qwen3-MoE's router (`Router::route_softmax`): `(logits, weights, experts)` |
+//! | `#[trace_router(scoring = sigmoid, bias = .., groups = (.., ..))]` | DeepSeek-V3's router (`Router::route_sigmoid`) |
 //!
 //! The block, as transformers' `Qwen3MoeDecoderLayer` and `DeepseekV3DecoderLayer` compute it:
 //!

@@ -15,11 +15,14 @@
 //!
 //! The logits are a matmul; the choice is made row by row on the host, where each step (and
 //! each bug of [`crate::bugs`], all of which are here) is one line. The router returns
-//! `(logits, weights, experts)`, the form `#[trace_router]` records.
+//! `(logits, weights, experts)`, which `#[trace_router]` records as a `router` event per call
+//! (with the scoring, the selection bias and the groups the model declares: a bug that scores
+//! otherwise still says what the model should do, so that its own margins can show it).
 
 use crate::bugs::{self, Bug};
 use crate::config::{RouterConfig, Scoring};
 use candle_core::{DType, Result, Tensor};
+use model_trace::trace_router;
 
 /// One layer's router.
 pub struct Router {
@@ -71,11 +74,13 @@ impl Router {
     }
 
     /// The softmax router (Qwen3-MoE).
+    #[trace_router(scoring = softmax)]
     fn route_softmax(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         self.route_rows(xs, Self::softmax_choice)
     }
 
     /// The sigmoid router with its selection bias and groups (DeepSeek-V3).
+    #[trace_router(scoring = sigmoid, bias = &self.bias, groups = (self.n_group(), self.topk_group()))]
     fn route_sigmoid(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         self.route_rows(xs, Self::sigmoid_choice)
     }
@@ -101,9 +106,14 @@ impl Router {
         ))
     }
 
-    /// The selection bias `[experts]`, where the router has one.
-    pub fn bias(&self) -> Option<&Tensor> {
-        self.bias.as_ref()
+    /// How many groups the experts split into (`n_group`; 1 for a router without groups).
+    fn n_group(&self) -> usize {
+        self.config.groups.map_or(1, |(groups, _)| groups)
+    }
+
+    /// How many groups the experts are chosen from (`topk_group`; 1 without groups).
+    fn topk_group(&self) -> usize {
+        self.config.groups.map_or(1, |(_, top_groups)| top_groups)
     }
 
     /// `xs · Wᵀ` in f32, `[rows, experts]` (`router-bf16`: both rounded to bf16 first, the

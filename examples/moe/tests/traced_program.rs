@@ -1,9 +1,10 @@
 //! The `moe` program traced to a file, on the small random models of `common` (one process a
 //! run, so that an injected bug is its alone): four passes (a prefill of 9 ids, 3 decode steps)
-//! with every layer's stages, attention and logits, F32 said in the header; and each routing bug
-//! changes its layer's `mlp_out` and nothing before it (the bug is in the router, which runs
-//! after `mlp_in`). Each run takes milliseconds; the test binary's runs, about 20, well under a
-//! second together.
+//! with every layer's stages, attention and logits, F32 said in the header, and each
+//! mixture-of-experts layer's router event; each routing bug changes its layer's `mlp_out` and
+//! nothing before it (the bug is in the router, which runs after `mlp_in`); a choice that does
+//! not follow the port's own logits shows in its own margins. Each run takes milliseconds; the
+//! test binary's runs, about 30, under a second together.
 #![cfg(feature = "trace")]
 
 #[allow(dead_code)] // the GGUF ports' modes are not this port's
@@ -160,4 +161,66 @@ fn logits_norm(run: &TracedRun, pass: usize) -> f32 {
             _ => None,
         })
         .unwrap()
+}
+
+/// Every router event of a run, in the order written.
+fn routers(run: &TracedRun) -> Vec<&model_trace::RouterEvent> {
+    run.events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Router(router) => Some(router),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn each_moe_layer_records_its_router_in_every_pass() {
+    for (fixture, experts, top_k) in [(QWEN3_MOE, 8, 2), (DEEPSEEK_V3, 16, 4)] {
+        let traced = run(fixture, &format!("routers-{}", fixture.model_type), None);
+        let calls = routers(&traced);
+        let layers = fixture.moe_layers();
+        assert_eq!(calls.len(), PASSES * layers.len(), "{fixture:?}");
+        for (i, call) in calls.iter().enumerate() {
+            let pass = i / layers.len();
+            assert_eq!(
+                (call.pass, call.layer),
+                (Some(pass), layers[i % layers.len()])
+            );
+            assert_eq!((call.num_experts, call.top_k), (experts, top_k));
+            let sigmoid = fixture.model_type == "deepseek_v3";
+            assert_eq!(call.selection_bias, sigmoid);
+            assert_eq!(call.groups.is_some(), sigmoid);
+            // The prefill's 9 tokens, then one a decode step; each chose top_k experts.
+            let rows = if pass == 0 { 9 } else { 1 };
+            assert_eq!(call.tokens.len(), rows);
+            assert_eq!(call.load.iter().sum::<usize>(), rows * top_k);
+            // The clean port chooses the top-k of its own scores.
+            assert!(call.tokens.iter().all(|t| t.margin >= 0.0), "{call:?}");
+        }
+    }
+}
+
+/// Without a reference, the port's own router record shows a choice that does not follow its
+/// logits: the experts off by one (and a mask of 0 that lets other groups' experts in) leave
+/// negative margins in their layer and nowhere else.
+#[test]
+fn a_choice_that_does_not_follow_the_logits_shows_in_the_ports_own_margins() {
+    const LAYER: usize = 2;
+    for (fixture, bug) in [
+        (QWEN3_MOE, "experts-off-by-one"),
+        (DEEPSEEK_V3, "experts-off-by-one"),
+        (DEEPSEEK_NEGATIVE, "mask-zero"),
+    ] {
+        let name = format!("margins-{}-{bug}", fixture.model_type);
+        let traced = run(fixture, &name, Some(&format!("{bug}@{LAYER}")));
+        for call in routers(&traced) {
+            let negative = call.tokens.iter().filter(|t| t.margin < 0.0).count();
+            if call.layer == LAYER {
+                assert!(negative > 0, "{bug}: no negative margin in {call:?}");
+            } else {
+                assert_eq!(negative, 0, "{bug}: layer {}", call.layer);
+            }
+        }
+    }
 }
