@@ -264,7 +264,8 @@ def routed_token(row: int, logits: Sequence[float], experts: Sequence[int], weig
     if group_margin is not None:
         token["group_margin"] = float(np.float32(group_margin))
     token["logit_margin"] = float(np.float32(logit_margin))
-    token["logits"] = [float(logits[e]) for e in experts] + ([float(logits[runner_up])] if runner_up is not None else [])
+    deciding = list(experts) + ([runner_up] if runner_up is not None else [])
+    token["logits"] = [float(logits[e]) for e in deciding]
     return token
 
 
@@ -331,8 +332,8 @@ def routing_record(logits: Any, experts: Any, weights: Any, scoring: str = "soft
             raise RoutingError("the router's chosen experts are not whole numbers")
         chosen = chosen.astype(np.int64)
     if chosen.size and (chosen.min() < 0 or chosen.max() >= num_experts):
-        raise RoutingError(f"the router chose expert {int(chosen.max() if chosen.max() >= num_experts else chosen.min())}"
-                           f" of {num_experts}")
+        wrong = chosen.max() if chosen.max() >= num_experts else chosen.min()
+        raise RoutingError(f"the router chose expert {int(wrong)} of {num_experts}")
     bias_values = None if bias is None else np.asarray(bias, dtype=np.float32).reshape(-1)
     groups = None if groups is None else (int(groups[0]), int(groups[1]))
     check_rule(num_experts, scoring, bias_values, groups)

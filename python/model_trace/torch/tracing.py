@@ -11,7 +11,7 @@ from ..families import HEADS_FIRST, Architecture
 from ..families.name_maps import module_stage
 from ..filter import CaptureFilter, Tracepoint
 from ..writer import Pending, TraceWriter
-from . import host
+from . import host, routers
 from .blocks import Block, Submodules, blocks_of, config_value, first_tensor, output_head, tracepoints
 from .first_pass_check import FirstPassCheck
 from .host import HostCopy, copied_later
@@ -215,6 +215,7 @@ class Run:
         self.record_attention, self.replay, self.check = record_attention, replay, check
         self.layer_name = type(layers[0][2]).__name__
         self.handles: List[Any] = []
+        self.routers = routers.RouterRecorder(self)
         writer.stage_check = check
 
     def remove(self) -> None:
@@ -336,6 +337,11 @@ class Run:
                 raise ValueError(f"model_trace.torch: {path} has no submodule {source[0]!r} (stage {stage!r} of the "
                                  f"{architecture.name!r} architecture)")
             self.handles.append(self._stage_hook(module, stage, source, index, f"{path}.{source[0]}"))
+        router = architecture.router
+        module = modules.get(router.module) if router is not None else None
+        if module is not None:  # a dense layer of a model with both has none
+            self.handles.append(module.register_forward_hook(
+                self.routers.hook(router, module, index, f"{path}.{router.module}")))
 
     def _attention_hook(self, index: int, attention_sub: str, attention_path: str, position: int) -> Any:
         def on_attention(_module: Any, _args: Any, output: Any) -> None:
