@@ -125,3 +125,51 @@ def test_deepseek_v3s_selection_bias_changes_choices_and_never_weights(traces):
             np.testing.assert_allclose(token["weights"], 2.5 * scores / scores.sum(), rtol=1e-5)
     print(f"deepseek_v3: the selection bias changes {changed} of {3 * len(TOKENS)} tokens' choices")
     assert changed >= 5
+
+
+def test_probabilities_returned_as_logits_are_recorded_as_their_logarithm(traces, tmp_path):
+    """Early transformers 5 routers returned softmax probabilities as logits: recorded as their
+    logarithm, the same choice and margins as the logits give."""
+    reference, _, _, model = traces["qwen3_moe"]
+
+    def as_probabilities(_module, _args, output):
+        return torch.softmax(output[0].float(), dim=-1), output[1], output[2]
+
+    hooks = [gate.register_forward_hook(as_probabilities) for gate in moe_models.routers(model).values()]
+    path = tmp_path / "probabilities.ndjson"
+    try:
+        with pytest.warns(UserWarning, match="probabilities as their logits"):
+            with trace(model, str(path)), torch.no_grad():
+                model(torch.tensor([TOKENS]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    header, _ = read_trace(str(path))
+    assert header["metadata"]["extra"]["router_logits"].startswith("log of the probabilities")
+    for layer, event in routers(path).items():
+        for logged, logits in zip(event["tokens"], reference[layer]["tokens"]):
+            assert (logged["experts"], logged["runner_up"]) == (logits["experts"], logits["runner_up"])
+            assert logged["margin"] == pytest.approx(logits["margin"], abs=1e-6)
+            assert logged["logit_margin"] == pytest.approx(logits["logit_margin"], rel=1e-3, abs=2e-6)
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen2_moe"])
+def test_the_other_moe_families_routers_are_recorded_per_layer(case, tmp_path):
+    """Mixtral's and Qwen 2 MoE's routers (the tiny random models of tiny_gguf.py): a softmax
+    router event per layer, its experts the top-k of its own scores."""
+    import tiny_gguf
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_gguf.config(case), dtype=torch.float32).eval()
+    path = tmp_path / f"{case}.ndjson"
+    with trace(model, str(path)), torch.no_grad():
+        model(torch.tensor([TOKENS]))
+    events = routers(path)
+    assert sorted(events) == [0, 1]
+    for event in events.values():
+        assert (event["scoring"], event["selection_bias"], "groups" in event) == ("softmax", False, False)
+        assert event["tracepoint"] == "mlp.gate" and sum(event["load"]) == 2 * len(TOKENS)
+        assert all(t["margin"] >= 0 for t in event["tokens"])
+        if case == "mixtral":  # Mixtral always renormalises its top-k
+            assert all(abs(sum(t["weights"]) - 1) < 1e-5 for t in event["tokens"])
