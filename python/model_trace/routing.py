@@ -24,6 +24,10 @@ float64 from the float32 logits:
   down, the runner-up up, softmax's other logits moved together whichever way narrows the gap
   more) by bisection; for a grouped router also the weakest chosen group (all its logits down)
   against the best other (all up), the smaller of the two; infinite past a shift of 600.
+
+Cost, in Python a token at a time (measured here on 1,024 random rows): 0.09 ms a token for a
+softmax router of 128 experts, top-8; 1.3 ms for DeepSeek-V3's (256 experts, sigmoid, bias,
+8 groups), whose margins are found by bisection.
 """
 
 from __future__ import annotations
