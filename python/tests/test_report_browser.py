@@ -252,3 +252,58 @@ def test_without_a_floor_there_are_no_floor_plots(floor_pages, browser):
     assert page.locator("#diff-floor").count() == 0 and page.locator("#diff-floor-ratio").count() == 0
     assert page.evaluate("JSON.parse(document.getElementById('report-data').textContent).diff.floor") is None
     assert problems == []
+
+
+#: The router trace: its layers and experts, and the one token routed against its own scores.
+ROUTER_LAYERS, ROUTER_EXPERTS, ROUTER_ROWS = 3, 8, 6
+NOT_TOP_K = (1, 4)  # (layer, row)
+
+
+def router_event(layer):
+    """One top-2 router call of ROUTER_ROWS tokens: token r chose experts (r + layer) % 8 and
+    (r + layer + 3) % 8; at NOT_TOP_K it chose its runner-up instead of its second (margin < 0)."""
+    tokens, load = [], [0] * ROUTER_EXPERTS
+    for row in range(ROUTER_ROWS):
+        chosen = [(row + layer) % ROUTER_EXPERTS, (row + layer + 3) % ROUTER_EXPERTS]
+        runner_up, margin = (row + layer + 5) % ROUTER_EXPERTS, 0.14
+        if (layer, row) == NOT_TOP_K:
+            chosen[1], runner_up, margin = runner_up, chosen[1], -0.14
+        for e in chosen:
+            load[e] += 1
+        tokens.append({"row": row, "experts": chosen, "weights": [0.73, 0.27], "runner_up": runner_up,
+                       "margin": margin, "logit_margin": max(margin, 0.0) * 3, "logits": [3.0, 2.0, 1.0]})
+    stats = {"count": ROUTER_ROWS * ROUTER_EXPERTS, "min": 0.0, "max": 3.0, "mean": 0.5, "std": 1.0,
+             "l2_norm": 10.0, "nan_count": 0, "inf_count": 0}
+    return {"event": "router", "seq": 0, "pass": 0, "layer": layer, "tracepoint": "route", "function": "moe.route",
+            "scoring": "softmax", "selection_bias": False, "num_experts": ROUTER_EXPERTS, "top_k": 2,
+            "logits": {"shape": [ROUTER_ROWS, ROUTER_EXPERTS], "dtype": "f32", "stats": stats},
+            "tokens": tokens, "load": load}
+
+
+def test_the_expert_load_heat_map_draws(tmp_path, browser):
+    """A trace with router calls gets the layer × expert load heat map and says which layer
+    routed a token against its own scores; the router events are written as docs/trace-format.md
+    specifies them, beside the layers the Python writer writes."""
+    import json
+    path, page_path = tmp_path / "moe.ndjson", tmp_path / "moe.html"
+    writer = TraceWriter(str(path))
+    writer.begin_pass(0)
+    for layer in range(ROUTER_LAYERS):
+        writer.begin_layer(layer, "block", "model.block")
+        writer.stage("output", np.sin(np.arange(64) * 0.3 + layer).astype(np.float32))
+        writer.end_layer()
+    writer.end_pass()
+    writer.close()
+    lines = path.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if json.loads(line)["event"] == "pass_end")
+    lines[end:end] = [json.dumps(router_event(layer)) for layer in range(ROUTER_LAYERS)]
+    path.write_text("\n".join(lines) + "\n")
+    result = subprocess.run(model_trace_cli("report", path, "-o", page_path), cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    page, problems, _ = open_page(browser, page_path)
+    assert "Expert load" in page.locator("#toc").inner_text()
+    assert_drawn(page, "#routers-load")
+    warning = page.locator("#routers-not-top-k").inner_text()
+    assert warning.startswith(f"layer {NOT_TOP_K[0]}: 1 of {ROUTER_ROWS} tokens chose experts that are not the top-2"), warning
+    assert problems == []

@@ -22,6 +22,7 @@ mod header;
 mod input;
 mod output;
 mod precision;
+mod router_load;
 mod stage_check;
 mod style;
 

@@ -77,7 +77,7 @@ fn list_and_summary_describe_a_trace() {
     assert!(list.status.success(), "{}", text(&list));
     let listed = text(&list);
     for expected in [
-        "schema 2",
+        "schema 3",
         "passes: 2 (positions 0, 1)",
         "layer 6",
         "pass_end 2",

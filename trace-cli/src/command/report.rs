@@ -1,8 +1,9 @@
 //! `model-trace report FILE... [--against REF] -o report.html`: one self-contained HTML page
 //! (styles, script and data inlined; no network needed to view it) with plots of what the trace
 //! holds: each stage's statistics through the layers, the layer outputs through the passes, what
-//! the attention heads do, the logit evolution, quantization error, KV-cache use, time, and with
-//! `--against` the error against a reference layer by layer.
+//! the attention heads do, the logit evolution, the experts' load, quantization error, KV-cache
+//! use, time, and with `--against` the error against a reference layer by layer (and the
+//! routing, in `diff`'s text).
 
 mod collect;
 

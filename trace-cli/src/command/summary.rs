@@ -1,6 +1,6 @@
 //! `model-trace summary FILE...`: the tracer's summary, as the run that wrote the file would have
-//! printed it (with what the attention heads do), and a table of the layers' outputs, times and
-//! heads.
+//! printed it (with what the attention heads do), a table of the layers' outputs, times and
+//! heads, and with routers each layer's expert load and narrowest choices.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +14,7 @@ use trace_runtime::{
 use crate::command::Outcome;
 use crate::header::describe_header;
 use crate::input::{self, InputError, TraceRun};
+use crate::router_load::{self, LayerLoad, RouterTally};
 use crate::style::Colors;
 
 /// One layer index over every pass.
@@ -44,6 +45,10 @@ struct SummaryReport<'a> {
     header: &'a TraceHeader,
     summary: ModelTracerSummary,
     layers: Vec<LayerRow>,
+    /// Per layer with routers: each expert's load, the imbalance, the narrowest margins, the
+    /// tokens not routed to the top-k of their own scores; absent without router calls.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    routers: Vec<LayerLoad>,
     truncated: Option<&'a str>,
 }
 
@@ -54,7 +59,11 @@ pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outc
     // The summary covers every record; keeping them would grow with the passes.
     let mut tracer = ModelTracer::summary_only(header.config.clone());
     let mut layers: BTreeMap<usize, LayerRow> = BTreeMap::new();
+    let mut routers = RouterTally::default();
     let notes = input::read(&run, |_, event| {
+        if let Event::Router(call) = &event {
+            routers.accept(call);
+        }
         if let Event::Layer(layer) = &event {
             let row = layers.entry(layer.layer).or_default();
             row.calls += 1;
@@ -95,6 +104,7 @@ pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outc
             header,
             summary,
             layers: layers.into_values().collect(),
+            routers: routers.layers(),
             truncated: truncated.as_deref(),
         };
         crate::output::emit_json(&report)?;
@@ -128,6 +138,9 @@ pub(crate) fn run(paths: &[PathBuf], json: bool, colors: &Colors) -> Result<Outc
             );
         }
         let _ = writeln!(out, "{}", colors.dim("(output statistics averaged over the passes; max |x| is the largest over them; times include tracing's own work; heads by specialization, see the attention lines above)"));
+    }
+    if !routers.is_empty() {
+        router_load::summary_text(&mut out, &routers.layers(), colors);
     }
     for cut in &notes.truncated {
         let _ = writeln!(out, "{}", colors.warn(&format!("cut short: {cut}")));

@@ -8,6 +8,7 @@ use trace_runtime::compare::{CompareOptions, TensorKey, Tolerances, Unmatched};
 use super::default_tolerance::ToleranceChoice;
 use super::findings::{Findings, FirstItems, PassRow, VerdictCounts};
 use super::floor::{TensorJudgement, TensorWithoutFloor};
+use super::routing::RoutingReport;
 use super::split::SplitReport;
 use super::stream::ReaderTally;
 use super::tokens::FirstTokenDivergence;
@@ -45,6 +46,11 @@ pub(crate) struct DiffReport<'a> {
     pub(super) layers: Vec<LayerRow<'a>>,
     /// Per pass: the worst ratio and how many tensors diverged.
     pub(crate) passes: &'a [PassRow],
+    /// The routers compared (`model-trace diff`'s routing): per layer the tokens routed
+    /// differently and how, and the first token routed differently; absent when neither trace
+    /// has router calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) routing: Option<&'a RoutingReport>,
     /// With `--quantized`: the error split of the table's pass, layer by layer and tensor by
     /// tensor, and the identity's residual over the run; `null` without.
     pub(super) split: Option<SplitReport<'a>>,
@@ -174,6 +180,7 @@ impl<'a> DiffReport<'a> {
                 })
                 .collect(),
             passes: &findings.passes,
+            routing: findings.routing.report(),
             split,
             missing: &findings.missing.items,
             missing_count: findings.missing.count,

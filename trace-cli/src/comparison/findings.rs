@@ -2,7 +2,7 @@
 //! (the floor's with the reference's first, for the tolerances it sets), and kept only as far
 //! as the report needs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 use trace_runtime::compare::{
@@ -12,6 +12,7 @@ use trace_runtime::compare::{
 use trace_runtime::{CaptureError, CaptureFiles};
 
 use super::floor::{NoFloor, TensorFloor, TensorJudgement, TensorWithoutFloor};
+use super::routing::RoutingComparison;
 use super::split::{PassSplit, Splitter};
 use super::stream::{PassTensors, ReaderTally};
 use super::tokens::{Choices, PassLogits};
@@ -66,6 +67,10 @@ pub(super) struct Findings {
     pub(super) split: Option<Splitter>,
     /// Whether the first divergence is the first tensor compared.
     pub(super) first_is_first_compared: bool,
+    /// The routers of the traces compared, pass by pass.
+    pub(super) routing: RoutingComparison,
+    /// The layers whose `mlp_out` diverged in some pass (for the routing's verdicts).
+    mlp_out_diverged: BTreeSet<usize>,
 }
 
 /// How many compared tensors had each verdict.
@@ -199,8 +204,24 @@ impl Findings {
         if let Some(pass) = pass {
             self.choose_tokens(pass, passes, &compared.pairs);
         }
+        self.compare_routers(pass, passes);
         let split = self.split_pass(passes, options);
         self.fold(pass, floors.as_ref(), compared, split);
+    }
+
+    /// Hands the routing comparison the router calls of one pass (see
+    /// [`Self::compare_passes`]): the reference's, the other's, and the floor's where there is
+    /// one.
+    fn compare_routers(&mut self, pass: Option<usize>, passes: &[Option<PassTensors>]) {
+        let routers = |at: usize| passes.get(at)?.as_ref().map(|p| p.routers.as_slice());
+        let floor = if self.floor_factor.is_some() {
+            routers(2)
+        } else {
+            None
+        };
+        let position = passes[0].as_ref().and_then(|p| p.position);
+        self.routing
+            .pass(pass, position, [routers(0), routers(1), floor]);
     }
 
     /// The error split of one pass (see [`Self::compare_passes`]), with a quantized run.
@@ -426,6 +447,9 @@ impl Findings {
             row.worst_ratio = row.worst_ratio.max(pair.ratio());
             if pair.verdict.is_divergence() {
                 row.diverged += 1;
+                if pair.name == "mlp_out" {
+                    self.mlp_out_diverged.insert(pair.layer);
+                }
                 let fed = self.inputs_fed && pair.name == "input";
                 if self.first.is_none() && !fed {
                     self.first = Some(judged.clone());
@@ -467,6 +491,8 @@ impl Findings {
         if self.table.pass.is_none() {
             self.table.pass = self.table.requested;
         }
+        self.routing
+            .finish(&self.mlp_out_diverged, self.floor_factor.is_some());
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::Serialize;
 use trace_runtime::compare::TensorComparison;
 
+use super::routing::{LayerVerdict, RoutingReport, TokenDifference};
 use super::{before_first_layer, ratio_text, TraceComparison};
 use crate::style::Colors;
 
@@ -27,11 +28,29 @@ pub(crate) struct LocalErrors<'a> {
     /// The isolated run was fed another file than REFERENCE (said, not refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     isolation_warning: Option<String>,
+    /// Per layer with routers: OTHER's routing verdict (inherited) and ISOLATED's (the
+    /// layer's own, its router fed the reference's input); absent without routers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    local_routing: Vec<LocalRouting>,
+    /// The first token ISOLATED routed differently by more than its logit error explains:
+    /// a router wrong on its own; `null` where none (absent without routers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_local_routing_divergence: Option<Option<&'a TokenDifference>>,
     /// OTHER's first divergence is in the embeddings (layer 0's `input`, before the first
     /// layer): what diverges after it is inherited from them, not from a layer (the JSON has
     /// it as `first_divergence.before_first_layer`).
     #[serde(skip)]
     embeddings_diverged: bool,
+}
+
+/// One layer's routing, inherited and local.
+#[derive(Serialize)]
+struct LocalRouting {
+    layer: usize,
+    /// OTHER against the reference (`null`: OTHER has no router in this layer).
+    inherited: Option<LayerVerdict>,
+    /// ISOLATED against the reference (`null`: ISOLATED has no router in this layer).
+    local: Option<LayerVerdict>,
 }
 
 #[derive(Serialize)]
@@ -121,6 +140,10 @@ impl<'a> LocalErrors<'a> {
                 })
                 .collect(),
             isolation_warning,
+            local_routing: local_routing(other.routing(), isolated.routing()),
+            first_local_routing_divergence: isolated
+                .routing()
+                .map(|routing| routing.first_divergence.as_ref()),
         }
     }
 
@@ -138,6 +161,58 @@ impl<'a> LocalErrors<'a> {
         }
         self.verdict(out, colors);
         self.table(out, colors);
+        self.routing(out, colors);
+    }
+
+    /// With routers: the first router wrong on its own, or that none is, and per layer the
+    /// routing inherited and local.
+    fn routing(&self, out: &mut String, colors: &Colors) {
+        let Some(first) = self.first_local_routing_divergence else {
+            return;
+        };
+        match first {
+            Some(token) => {
+                let _ = writeln!(
+                    out,
+                    "{} pass {}, layer {}, row {}: fed the reference's input, this layer's router \
+                     chose experts {:?} where the reference chose {:?}, by a logit margin of \
+                     {:.3e} against an error of {:.3e}",
+                    colors.bad("first router wrong on its own:"),
+                    token.pass.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                    token.layer,
+                    token.row,
+                    token.other_experts,
+                    token.reference_experts,
+                    token.reference_logit_margin,
+                    token.logit_error
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    colors.good(
+                        "no router is wrong on its own: fed the reference's input, every token \
+                         that chose other experts is a near-tie"
+                    )
+                );
+            }
+        }
+        let words = |verdict: Option<LayerVerdict>| verdict.map_or("-", LayerVerdict::word);
+        let _ = writeln!(
+            out,
+            "{}",
+            colors.bold("layer  routing inherited  local, isolated")
+        );
+        for row in &self.local_routing {
+            let _ = writeln!(
+                out,
+                "{:>5}  {:<17}  {}",
+                row.layer,
+                words(row.inherited),
+                words(row.local)
+            );
+        }
     }
 
     /// The first layer wrong on its own; or, none, whether summaries leave layers undecided,
@@ -261,6 +336,28 @@ impl WorstTensor<'_> {
             }
         }
     }
+}
+
+/// Per layer with routers in either comparison, its verdict in each.
+fn local_routing(
+    inherited: Option<&RoutingReport>,
+    local: Option<&RoutingReport>,
+) -> Vec<LocalRouting> {
+    let verdicts = |report: Option<&RoutingReport>| {
+        (report.iter())
+            .flat_map(|r| &r.layers)
+            .map(|l| (l.layer, l.verdict))
+            .collect::<std::collections::BTreeMap<usize, LayerVerdict>>()
+    };
+    let (inherited, local) = (verdicts(inherited), verdicts(local));
+    let layers: BTreeSet<usize> = inherited.keys().chain(local.keys()).copied().collect();
+    (layers.into_iter())
+        .map(|layer| LocalRouting {
+            layer,
+            inherited: inherited.get(&layer).copied(),
+            local: local.get(&layer).copied(),
+        })
+        .collect()
 }
 
 /// A warning when the isolated run was fed another reference than the one compared with, or

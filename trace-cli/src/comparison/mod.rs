@@ -22,6 +22,7 @@ mod findings;
 mod floor;
 pub(crate) mod isolated;
 pub(crate) mod positions;
+pub(crate) mod routing;
 pub(crate) mod split;
 mod stream;
 mod text;
@@ -198,6 +199,11 @@ impl TraceComparison {
     /// The pass the per-layer table is about.
     pub(crate) fn table_pass(&self) -> usize {
         self.findings.table.pass.unwrap_or(0)
+    }
+
+    /// The routers compared; `None` when neither trace has router calls.
+    pub(crate) fn routing(&self) -> Option<&routing::RoutingReport> {
+        self.findings.routing.report()
     }
 
     /// The first divergence (for an isolated run, the first among what the layers computed).

@@ -5,7 +5,7 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use trace_runtime::compare::TraceTensors;
-use trace_runtime::{Event, QuantizationErrorTrace};
+use trace_runtime::{Event, QuantizationErrorTrace, RouterEvent};
 
 use super::tokens::{LogitsRecord, PassLogits};
 use crate::input::{self, InputError, TraceRun};
@@ -26,6 +26,10 @@ pub(super) struct PassTensors {
     /// Its quantization records (`quant` events): each quantized computation's error against
     /// its full-precision reference.
     pub(super) quant: Vec<QuantizationErrorTrace>,
+    /// Its router calls (`router` events), every rank's, in recording order.
+    pub(super) routers: Vec<RouterEvent>,
+    /// The position of the pass's first token, as its `pass_begin` says.
+    pub(super) position: Option<usize>,
     pub(super) tensors: TraceTensors,
 }
 
@@ -136,6 +140,12 @@ struct PassSender<'a> {
     logits: PassLogits,
     /// The quantization records of the pass `current`.
     quant: Vec<QuantizationErrorTrace>,
+    /// The router calls of the pass `current`.
+    routers: Vec<RouterEvent>,
+    /// The router calls outside any pass.
+    outside_routers: Vec<RouterEvent>,
+    /// The position of the pass `current`.
+    position: Option<usize>,
     /// Tensors read.
     tensors: usize,
     /// Tensors that came after their pass had been sent.
@@ -159,6 +169,9 @@ impl<'a> PassSender<'a> {
             tokens: None,
             logits: PassLogits::default(),
             quant: Vec::new(),
+            routers: Vec::new(),
+            outside_routers: Vec::new(),
+            position: None,
             tensors: 0,
             late: 0,
         }
@@ -167,7 +180,10 @@ impl<'a> PassSender<'a> {
     /// Takes one event of the rank file `at`.
     fn event(&mut self, at: usize, event: Event) {
         match (event.pass(), self.current) {
-            (None, _) => self.outside[at].push(event),
+            (None, _) => match event {
+                Event::Router(router) => self.outside_routers.push(router),
+                event => self.outside[at].push(event),
+            },
             (Some(pass), Some(current)) if pass < current => {
                 let mut counted = TraceTensors::default();
                 counted.push(event);
@@ -187,6 +203,11 @@ impl<'a> PassSender<'a> {
         // The reader hands on one begin of a pass: the first rank's.
         if let Event::PassBegin(begin) = event {
             self.tokens = begin.tokens;
+            self.position.get_or_insert(begin.position);
+            return;
+        }
+        if let Event::Router(router) = event {
+            self.routers.push(router);
             return;
         }
         match &event {
@@ -207,14 +228,18 @@ impl<'a> PassSender<'a> {
             tokens: self.tokens.take(),
             logits: std::mem::take(&mut self.logits),
             quant: std::mem::take(&mut self.quant),
+            routers: std::mem::take(&mut self.routers),
+            position: self.position.take(),
             tensors: merged(&mut self.pending),
         };
         self.send(pass);
     }
 
-    /// Sends `pass` while the comparison listens, unless it holds no tensors.
+    /// Sends `pass` while the comparison listens, unless it holds no tensors and no router
+    /// calls.
     fn send(&mut self, pass: PassTensors) {
-        if self.listening && !pass.tensors.tensors.is_empty() {
+        let empty = pass.tensors.tensors.is_empty() && pass.routers.is_empty();
+        if self.listening && !empty {
             self.listening = self.send.send(pass).is_ok();
         }
     }
@@ -229,6 +254,8 @@ impl<'a> PassSender<'a> {
             tokens: None,
             logits: PassLogits::default(),
             quant: Vec::new(),
+            routers: std::mem::take(&mut self.outside_routers),
+            position: None,
             tensors: merged(&mut self.outside),
         };
         self.send(outside);

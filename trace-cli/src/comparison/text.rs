@@ -29,6 +29,10 @@ impl DiffReport<'_> {
         self.warnings(&mut out, colors);
         let _ = writeln!(out);
         self.first_divergences(&mut out, colors);
+        if let Some(routing) = self.routing {
+            let _ = writeln!(out);
+            routing.text(&mut out, colors);
+        }
         let _ = writeln!(out);
         self.layer_table(&mut out, colors);
         if let Some(split) = &self.split {

@@ -9,6 +9,8 @@ use trace_runtime::{
     PassEnd, TraceHeader,
 };
 
+use crate::router_load::{LayerLoad, RouterTally};
+
 /// Passes whose per-layer statistics and logit evolution the page can show, at most.
 pub(crate) const SHOWN_PASSES: usize = 48;
 /// The first passes always shown (the prompt, the first tokens).
@@ -53,6 +55,9 @@ pub(crate) struct ReportData {
     pub(crate) kv: Vec<KvStep>,
     /// Passes that each patched one (layer, position): the tracked token's probability.
     pub(crate) patching: Option<PatchingData>,
+    /// Per layer with routers: each expert's load over every call, the imbalance, the
+    /// narrowest margins (empty without router calls).
+    pub(crate) routers: Vec<LayerLoad>,
     pub(crate) diff: Option<super::DiffData>,
 }
 
@@ -189,6 +194,7 @@ pub(crate) struct Collector {
     quant: BTreeMap<(String, usize), QuantSums>,
     kv: BTreeMap<usize, KvPass>,
     patches: BTreeMap<usize, PassPatch>,
+    routers: RouterTally,
 }
 
 #[derive(Debug, Default)]
@@ -223,6 +229,7 @@ impl Collector {
             quant: BTreeMap::new(),
             kv: BTreeMap::new(),
             patches: BTreeMap::new(),
+            routers: RouterTally::default(),
         }
     }
 
@@ -285,6 +292,7 @@ impl Collector {
                     self.patches.entry(logits.pass).or_default().prob = Some(prob);
                 }
             }
+            Event::Router(call) => self.routers.accept(call),
             Event::KvCache(kv) => {
                 let (step, bytes_by_layer) = self.kv.entry(kv.pass.unwrap_or(0)).or_default();
                 let state = &kv.state;
@@ -475,6 +483,7 @@ impl Collector {
             quant: quant_rows(self.quant),
             kv: kv_steps(self.kv),
             patching,
+            routers: self.routers.layers(),
             diff: None,
         }
     }

@@ -583,6 +583,41 @@
       h("div", { class: "plot", id: "time-passes" }, linePlot(perPass, { xLabel: "pass", yLabel: "ms", integerX: true, logY: true, width: 560 }), legend(perPass.map((x) => [x.name, x.color])))));
   }
 
+  // ---- routers ---------------------------------------------------------------------------------------
+
+  if (DATA.routers.length) {
+    const R = DATA.routers;
+    const experts = Math.max(...R.map((l) => l.load.length));
+    // Each cell: the expert's tokens over the layer's mean per expert (1: an even share).
+    const ratio = (l, e) => {
+      const total = l.load.reduce((a, n) => a + n, 0);
+      return e < l.load.length && total > 0 ? l.load[e] / (total / l.load.length) : NaN;
+    };
+    const ratios = R.flatMap((l) => Array.from({ length: experts }, (_, e) => ratio(l, e))).filter(Number.isFinite);
+    const hi = Math.max(1, ...ratios);
+    const calls = R.reduce((a, l) => a + l.calls, 0);
+    const sec = section("routers", "Expert load",
+      `Tokens each router sent to each expert, over its ${calls} calls: each cell is the expert's tokens over the layer's mean per expert (1: an even share; 0: idle). Imbalance: the busiest expert's share over the mean.`);
+    sec.append(h("div", { class: "plot", id: "routers-load" },
+      heatmap(R.length, experts, (r, c) => ratio(R[r], c) / hi, {
+        cellWidth: Math.max(4, Math.min(28, Math.floor(860 / experts))), cellHeight: Math.max(6, Math.min(22, Math.floor(420 / R.length))),
+        color: (v) => (Number.isNaN(v) ? [235, 235, 235] : viridis(v)),
+        rowLabel: (r) => String(R[r].layer),
+        xLabel: "expert", yLabel: "layer",
+        hover: (r, c) => `layer ${R[r].layer}, expert ${c}: ${R[r].load[c] ?? 0} tokens, ${fmt(ratio(R[r], c))}× the mean (imbalance ${fmt(R[r].imbalance)})`,
+      }),
+      h("div", { class: "note" }, `colour: tokens over the layer's mean from 0 (dark) to ${fmt(hi)} (yellow); grey: no such expert in that layer`)));
+    const wrong = R.filter((l) => l.not_top_k > 0);
+    if (wrong.length) {
+      sec.append(h("p", { class: "warn", id: "routers-not-top-k" },
+        wrong.map((l) => `layer ${l.layer}: ${l.not_top_k} of ${l.tokens} tokens chose experts that are not the top-${l.top_k} of their own scores (margin < 0)`).join("; ") +
+        ": the router's chosen indices do not follow its logits."));
+    }
+    sec.append(table(["layer", "calls", "tokens", "experts", "top-k", "imbalance", "idle experts", "margin < 0", "narrowest margin"],
+      R.map((l) => [l.layer, l.calls, l.tokens, l.num_experts, l.top_k, fmt(l.imbalance), l.idle_experts, l.not_top_k,
+        l.narrowest.length ? `${fmt(l.narrowest[0].margin)} (${l.narrowest[0].pass !== null ? `pass ${l.narrowest[0].pass}, ` : ""}row ${l.narrowest[0].row})` : "–"])));
+  }
+
   // ---- patching ------------------------------------------------------------------------------------
 
   if (DATA.patching) {
