@@ -62,7 +62,8 @@ def trace(
     ``"layer:*,pass=0"``): full tensors saved beside the trace. A hooked module's tracepoint, as
     the patterns see it: its kind; its name (a layer: the block's class, ``LlamaDecoderLayer``;
     a stage: the stage's name; attention: the submodule's path in the block, ``self_attn``;
-    logits: the head's path, ``lm_head``); as its function, the module's path in
+    logits: the head's path, ``lm_head``; a mixture-of-experts router, recorded as a ``router``
+    event per call (:mod:`model_trace.torch.routers`): its path in the block, ``mlp.gate``); as its function, the module's path in
     ``model.named_modules()`` (``model.layers.3.self_attn``) and as its module the model's class,
     so that a ``::`` glob matches ``LlamaForCausalLM::model.layers.3.self_attn``; no file and
     line 0, so ``@file`` patterns match none of them. Attention probabilities need
