@@ -2,9 +2,10 @@
 //! already has.
 //!
 //! Put an attribute on each forward function ([`trace_model`], [`trace_layer`],
-//! [`trace_attention`], [`trace_logits`], [`trace_kv_cache`], [`trace_quant`]) and an inline
-//! macro where a value has no function of its own ([`trace_tensor!`],
-//! [`trace_attention_value!`], [`trace_logits_value!`]). Then run the model inside a
+//! [`trace_attention`], [`trace_logits`], [`trace_kv_cache`], [`trace_quant`],
+//! [`trace_router`]) and an inline macro where a value has no function of its own
+//! ([`trace_tensor!`], [`trace_attention_value!`], [`trace_logits_value!`],
+//! [`trace_router_value!`]). Then run the model inside a
 //! [`Session`]: every annotated call on that thread records tensor statistics, and at the end of
 //! each forward pass the session flags NaN, Inf, exploding and vanishing activations. What it
 //! records goes to its sinks: the in-memory [`ModelTracer`] that [`Session::finish`] returns,
@@ -532,6 +533,68 @@ pub use trace_macros::trace_attention;
 /// ```
 pub use trace_macros::trace_logits;
 
+/// Records a mixture-of-experts router's choice from the returned `(logits, weights, experts)`
+/// (or an `Ok`/`Some` of it): per token the experts chosen and their weights, the runner-up
+/// and how close the choice was (`margin` in scores, `logit_margin` in the logits' own units),
+/// per call the tokens each expert received. One [`RouterEvent`] a call, in
+/// [`ModelTracer::routers`] and the trace file (`router` events); recorded when
+/// [`ModelTracerConfig::trace_router`] is on (in `full()` and `lightweight()`).
+///
+/// The three values are tensors ([`TraceTensor`]): the router logits `[.., experts]` (a
+/// `[batch, seq, experts]` tensor is read batch-major, as transformers does), the weights and
+/// the expert ids `[.., top_k]` with as many rows; ids may be integer tensors (candle's `U32`,
+/// `I64`) or floats holding integers. A shape that does not fit, an id that is no expert's or
+/// a value that is not a tensor is a record error of the tracepoint, and the call is not
+/// recorded; an `Err` or `None` records nothing.
+///
+/// Arguments, all optional, evaluated after the body:
+/// - `scoring = softmax | sigmoid`: how the logits become the scores experts are chosen by
+///   (default `softmax`; DeepSeek-V3 and GLM-4.5 use `sigmoid`).
+/// - `bias = EXPR`: the selection bias, a tensor of one value per expert added to the scores to
+///   choose experts and never to weight them (DeepSeek-V3's `e_score_correction_bias`).
+/// - `groups = (GROUPS, TOP_GROUPS)`: grouped top-k (DeepSeek-V3's `n_group`, `topk_group`):
+///   groups of consecutive expert ids, each scored by the sum of its two best scores, experts
+///   chosen among the `TOP_GROUPS` best groups. Two integers of any type.
+/// - `layer = EXPR`: the layer index (any integer type); by default the enclosing
+///   [`trace_layer`] call.
+/// - `name = "..."`: the tracepoint's name; by default the function's name.
+///
+/// The tracepoint's kind is `router` (`MODEL_TRACE_FILTER=router:*`). A function that returns
+/// nothing is a compile error.
+///
+/// ```
+/// use model_trace::{trace_router, ModelTracerConfig, Session, TensorRef};
+///
+/// /// Two tokens, four experts, two chosen per token (ids as `f32`, as a slice holds them).
+/// #[trace_router(layer = 0)]
+/// fn route<'a>(
+///     logits: &'a [f32],
+///     weights: &'a [f32],
+///     experts: &'a [f32],
+/// ) -> Option<(TensorRef<'a>, TensorRef<'a>, TensorRef<'a>)> {
+///     let logits = TensorRef::new(logits, &[2, 4]).ok()?;
+///     let weights = TensorRef::new(weights, &[2, 2]).ok()?;
+///     let experts = TensorRef::new(experts, &[2, 2]).ok()?;
+///     Some((logits, weights, experts))
+/// }
+///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
+/// let session = Session::start(ModelTracerConfig::full());
+/// let logits = [2.0, 1.0, 0.5, -1.0, 0.0, 0.1, 3.0, 0.2];
+/// route(&logits, &[0.7, 0.3, 0.8, 0.2], &[0.0, 1.0, 2.0, 3.0]);
+/// let tracer = session.finish();
+/// if model_trace::ENABLED {
+///     let call = &tracer.routers()[0];
+///     assert_eq!((call.num_experts, call.top_k, call.load.clone()), (4, 2, vec![1, 1, 1, 1]));
+///     let first = &call.tokens[0];
+///     assert_eq!(first.runner_up, Some(2));
+///     // softmax without a bias: half the logit gap of the weakest chosen and the runner-up
+///     assert_eq!(first.logit_margin, 0.25);
+/// }
+/// ```
+pub use trace_macros::trace_router;
+
 /// Records one KV-cache step from expressions evaluated after the body, with `self` and the
 /// arguments in scope.
 ///
@@ -756,6 +819,40 @@ pub use trace_macros::trace_attention_value;
 /// }
 /// ```
 pub use trace_macros::trace_logits_value;
+
+/// Records a router's choice computed inline, like [`trace_router`] does for a returned value:
+/// `trace_router_value!(&logits, &weights, &experts)`, the three values first, then any of
+/// `scoring`, `bias`, `groups`, `layer` and `name` as [`trace_router`] takes them. Its
+/// tracepoint is named `router` unless `name` says otherwise.
+///
+/// ```
+/// use model_trace::{trace_layer, trace_router_value, ModelTracerConfig, Session, TensorRef};
+///
+/// #[trace_layer(index = 3)]
+/// fn moe_block(x: &[f32]) -> Vec<f32> {
+///     // one token, four experts scored by sigmoid, a selection bias, two chosen
+///     let logits = [0.2_f32, 1.5, 1.0, -0.5];
+///     let bias = [0.0_f32, 0.0, 0.6, 0.0];
+///     let (weights, experts) = ([0.6_f32, 0.4], [2.0_f32, 1.0]);
+///     let logits = TensorRef::new(&logits, &[1, 4]).unwrap();
+///     let weights = TensorRef::new(&weights, &[1, 2]).unwrap();
+///     let experts = TensorRef::new(&experts, &[1, 2]).unwrap();
+///     trace_router_value!(&logits, &weights, &experts, scoring = sigmoid, bias = &bias);
+///     x.to_vec()
+/// }
+///
+/// # use model_trace::{CAPTURE_ENV_VAR as C, FILTER_ENV_VAR as F, OUT_ENV_VAR as O};
+/// # [F, O, C].into_iter().for_each(|var| std::env::remove_var(var)); // not the caller's settings
+/// let session = Session::start(ModelTracerConfig::full());
+/// moe_block(&[1.0]);
+/// let tracer = session.finish();
+/// if model_trace::ENABLED {
+///     let call = &tracer.routers()[0];
+///     assert_eq!((call.layer, call.selection_bias), (3, true));
+///     assert_eq!(call.tokens[0].runner_up, Some(0));
+/// }
+/// ```
+pub use trace_macros::trace_router_value;
 
 // The lists the macro crate keeps of runtime names, for `tests/macro_lists.rs`.
 #[doc(hidden)]

@@ -4,10 +4,12 @@ The page of a SmolLM2 trace (logit lens on) compared with its PyTorch reference 
 no console error and no request leaving the file, and every section must draw something: each
 plot's screenshot is checked for content (not compared with a golden image, which fonts and
 browser versions would break). The controls are tried too: another pass, another head. The
-floor's plots (`--floor`) are drawn from small traces the Python writer makes, with known errors.
+floor's plots (`--floor`) are drawn from small traces the Python writer makes, with known errors,
+and the experts' load heat map from router events written beside them as the format says.
 """
 
 import io
+import json
 import os
 import re
 import shutil
@@ -284,7 +286,6 @@ def test_the_expert_load_heat_map_draws(tmp_path, browser):
     """A trace with router calls gets the layer × expert load heat map and says which layer
     routed a token against its own scores; the router events are written as docs/trace-format.md
     specifies them, beside the layers the Python writer writes."""
-    import json
     path, page_path = tmp_path / "moe.ndjson", tmp_path / "moe.html"
     writer = TraceWriter(str(path))
     writer.begin_pass(0)

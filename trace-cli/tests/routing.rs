@@ -51,6 +51,8 @@ struct Run {
     experts: Option<usize>,
     /// No router calls at all.
     no_routers: bool,
+    /// In this layer, every router logit 1.5 off (up for odd experts, down for even ones).
+    logits_off: Option<usize>,
 }
 
 /// The router logits of a token: experts `(row + layer) % 8` and `+3` at 3 and 2, the runner-up
@@ -102,6 +104,22 @@ fn routed(row: usize, logits: &[f32], unnormalized: bool) -> RoutedToken {
 }
 
 impl Run {
+    /// The reference's routing but for the tokens at `wrong`, which chose their runner-up.
+    fn wrong(wrong: &'static [(usize, usize, usize)]) -> Self {
+        Self {
+            wrong_choice: wrong,
+            ..Self::default()
+        }
+    }
+
+    /// The reference's model, recording no router calls.
+    fn without_routers() -> Self {
+        Self {
+            no_routers: true,
+            ..Self::default()
+        }
+    }
+
     /// The router call of `layer` in `pass`.
     fn router(&self, pass: usize, layer: usize) -> RouterEvent {
         let experts = self.experts.unwrap_or(EXPERTS);
@@ -148,6 +166,11 @@ impl Run {
                     ((row + layer + 3) % experts, (row + layer + 5) % experts);
                 logits[weakest] = reference[weakest] - NOISE;
                 logits[runner_up] = reference[runner_up] + NOISE;
+            }
+        }
+        if self.logits_off == Some(layer) {
+            for (e, l) in logits.iter_mut().enumerate() {
+                *l += if e % 2 == 1 { 1.5 } else { -1.5 };
             }
         }
         let mut token = routed(row, &logits, self.unnormalized == Some(layer));
@@ -393,16 +416,28 @@ fn the_experts_computation_is_told_from_their_choice() {
         said.contains("layer 1: routing matches, but mlp_out diverges: the experts' computation, not the choice"),
         "{said}"
     );
+    // The same mlp_out with a router that chose otherwise: the choice may explain it.
+    let both = write(
+        &dir,
+        "both.ndjson",
+        Run {
+            mlp_out_off: Some(1),
+            ..Run::wrong(&[(0, 1, 3)])
+        },
+    );
+    let said = text(&run(&["diff", &reference, &both]));
+    assert!(
+        said.contains("layer 1: mlp_out diverges, and 1 token chose other experts"),
+        "{said}"
+    );
+    assert!(!said.contains("routing matches"), "{said}");
 }
 
 #[test]
 fn a_floor_excuses_the_routing_differences_it_has_itself() {
     let dir = scratch("routing-floor");
     let reference = write(&dir, "ref.ndjson", Run::default());
-    let wrong = Run {
-        wrong_choice: &[(1, 2, 0)],
-        ..Run::default()
-    };
+    let wrong = Run::wrong(&[(1, 2, 0)]);
     let other = write(&dir, "other.ndjson", wrong);
     let same_floor = write(&dir, "floor-same.ndjson", wrong);
     let clean_floor = write(&dir, "floor-clean.ndjson", Run::default());
@@ -425,10 +460,7 @@ fn a_floor_excuses_the_routing_differences_it_has_itself() {
 #[test]
 fn traces_without_routers_are_unchanged_and_one_side_without_is_said() {
     let dir = scratch("moe-plain");
-    let none = Run {
-        no_routers: true,
-        ..Run::default()
-    };
+    let none = Run::without_routers();
     let (a, b) = (write(&dir, "a.ndjson", none), write(&dir, "b.ndjson", none));
     let (code, json) = diff_json(&[&a, &b]);
     assert_eq!(code, Some(0));
@@ -484,22 +516,8 @@ fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
     let reference = write(&dir, "ref.ndjson", Run::default());
     // The plain run routes differently in layers 1 and 2; fed the reference's input, only
     // layer 2's router still does.
-    let other = write(
-        &dir,
-        "other.ndjson",
-        Run {
-            wrong_choice: &[(0, 1, 1), (1, 2, 0)],
-            ..Run::default()
-        },
-    );
-    let isolated = write(
-        &dir,
-        "isolated.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let other = write(&dir, "other.ndjson", Run::wrong(&[(0, 1, 1), (1, 2, 0)]));
+    let isolated = write(&dir, "isolated.ndjson", Run::wrong(&[(1, 2, 0)]));
     let (_, json) = diff_json(&[&reference, &other, "--isolated", &isolated]);
     let first = &json["first_local_routing_divergence"];
     assert_eq!(
@@ -524,14 +542,7 @@ fn isolation_tells_a_router_wrong_on_its_own_from_one_that_inherits() {
 #[test]
 fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
     let dir = scratch("routing-summary");
-    let wrong = write(
-        &dir,
-        "wrong.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let wrong = write(&dir, "wrong.ndjson", Run::wrong(&[(1, 2, 0)]));
     let output = run(&["summary", "--json", &wrong]);
     let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let routers = json["routers"].as_array().expect("routers");
@@ -565,14 +576,7 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
         "{said}"
     );
 
-    let plain = write(
-        &dir,
-        "plain.ndjson",
-        Run {
-            no_routers: true,
-            ..Run::default()
-        },
-    );
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
     let output = run(&["summary", "--json", &plain]);
     let json: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert!(json.get("routers").is_none());
@@ -583,14 +587,7 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
 fn the_report_carries_each_layers_load_and_the_routing_comparison() {
     let dir = scratch("routing-report");
     let reference = write(&dir, "ref.ndjson", Run::default());
-    let wrong = write(
-        &dir,
-        "wrong.ndjson",
-        Run {
-            wrong_choice: &[(1, 2, 0)],
-            ..Run::default()
-        },
-    );
+    let wrong = write(&dir, "wrong.ndjson", Run::wrong(&[(1, 2, 0)]));
     let page = dir.join("report.html");
     let page_arg = page.to_str().unwrap();
     let output = run(&["report", &wrong, "--against", &reference, "-o", page_arg]);
@@ -608,15 +605,50 @@ fn the_report_carries_each_layers_load_and_the_routing_comparison() {
         "{diff_text}"
     );
 
-    let plain = write(
-        &dir,
-        "plain.ndjson",
-        Run {
-            no_routers: true,
-            ..Run::default()
-        },
-    );
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
     assert!(run(&["report", &plain, "-o", page_arg]).status.success());
     let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
     assert_eq!(data["routers"], Value::Array(Vec::new()));
+}
+
+#[test]
+fn the_comparison_by_position_says_it_leaves_the_routers_out() {
+    let dir = scratch("routing-position");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let plain = write(&dir, "plain.ndjson", Run::without_routers());
+    let said = text(&run(&["diff", "--by-position", &reference, &plain]));
+    assert!(
+        said.contains(&format!(
+            "the routers of {reference} ({} calls) are not compared by position",
+            LAYERS * PASSES
+        )),
+        "{said}"
+    );
+    let said = text(&run(&["diff", "--by-position", &plain, &plain]));
+    assert!(!said.contains("routers of"), "{said}");
+}
+
+#[test]
+fn near_ties_in_numbers_say_the_router_logits_are_off() {
+    let dir = scratch("routing-logits-off");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let off = Run {
+        logits_off: Some(0),
+        ..Run::default()
+    };
+    let other = write(&dir, "other.ndjson", off);
+    let (_, json) = diff_json(&[&reference, &other]);
+    let layer = &json["routing"]["layers"][0];
+    // Each token's choice moved, each within the 1.5 error: near-ties, all of them ...
+    assert_eq!(
+        (&layer["differing"], &layer["near_ties"]),
+        (&Value::from(8), &Value::from(8))
+    );
+    // ... which rounding does not do: said.
+    let notes = json["routing"]["notes"].to_string();
+    assert!(
+        notes.contains("layer 0: 8 of 8 tokens are near-ties, more than rounding flips"),
+        "{notes}"
+    );
+    assert_eq!(json["routing"]["layers"][1]["verdict"], "same");
 }

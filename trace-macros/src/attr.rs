@@ -20,7 +20,7 @@ macro_rules! keys {
     };
 }
 
-keys! { name position tokens index input layer len capacity bytes evictions hit_rate reference quant }
+keys! { name position tokens index input layer len capacity bytes evictions hit_rate reference quant scoring bias groups }
 
 /// Declares the arguments of one macro: a struct with an `Option` per key, and how a
 /// `key = value` is stored in it. The field is named after the key's keyword.
@@ -99,6 +99,17 @@ arguments! {
     QuantAttrs {
         reference: ExprPath,
         quant: QuantVariant,
+        name: LitStr,
+    }
+}
+
+arguments! {
+    /// `#[trace_router(...)]` and `trace_router_value!`.
+    RouterArgs {
+        scoring: Scoring,
+        bias: Expr,
+        groups: Groups,
+        layer: Expr,
         name: LitStr,
     }
 }
@@ -194,6 +205,105 @@ impl Value for QuantVariant {
     }
 }
 
+/// What `scoring = ...` accepts, with the `RouterScoring` variant each names.
+pub(crate) const SCORINGS: &[(&str, &str)] = &[("softmax", "Softmax"), ("sigmoid", "Sigmoid")];
+
+/// `scoring = softmax` or `scoring = sigmoid`: a name of [`SCORINGS`], checked here so that
+/// its mistake is reported with the other arguments'.
+pub(crate) struct Scoring(pub(crate) Ident);
+
+impl Scoring {
+    /// The `RouterScoring` variant it names.
+    pub(crate) fn variant(&self) -> &'static str {
+        let name = self.0.to_string();
+        SCORINGS
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map_or("Softmax", |(_, variant)| variant)
+    }
+}
+
+impl Value for Scoring {
+    const PLACEHOLDER: &'static str = "softmax";
+
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
+        let ident = match &expr {
+            Expr::Path(path) if path.qself.is_none() => path.path.get_ident(),
+            _ => None,
+        };
+        let Some(ident) = ident else {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!("expected `softmax` or `sigmoid` for `{key}`, such as `{key} = sigmoid`"),
+            ));
+        };
+        let name = ident.to_string();
+        if !SCORINGS.iter().any(|(known, _)| *known == name) {
+            return Err(syn::Error::new(
+                ident.span(),
+                format!("unknown scoring `{name}`; expected `softmax` or `sigmoid`"),
+            ));
+        }
+        Ok(Self(ident.clone()))
+    }
+}
+
+/// `groups = (GROUPS, TOP_GROUPS)`: grouped top-k, two integer expressions; written as
+/// literals, at least one group and 1 to `GROUPS` of them chosen.
+pub(crate) struct Groups {
+    pub(crate) groups: Expr,
+    pub(crate) top_groups: Expr,
+}
+
+impl Value for Groups {
+    const PLACEHOLDER: &'static str = "(GROUPS, TOP_GROUPS)";
+
+    fn from_expr(key: &str, expr: Expr) -> syn::Result<Self> {
+        let pair = match &expr {
+            Expr::Tuple(tuple) if tuple.elems.len() == 2 => {
+                Some((tuple.elems[0].clone(), tuple.elems[1].clone()))
+            }
+            _ => None,
+        };
+        let Some((groups, top_groups)) = pair else {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!(
+                    "expected `{key} = (GROUPS, TOP_GROUPS)`: how many groups the experts split \
+                     into and how many are chosen, such as `{key} = (8, 4)`"
+                ),
+            ));
+        };
+        let groups = Self { groups, top_groups };
+        groups.check_literals(key)?;
+        Ok(groups)
+    }
+}
+
+impl Groups {
+    fn check_literals(&self, key: &str) -> syn::Result<()> {
+        let literal = |expr: &Expr| match expr {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(int), ..
+            }) => int.base10_parse::<u64>().ok(),
+            _ => None,
+        };
+        let error = |expr: &Expr, message: String| Err(syn::Error::new_spanned(expr, message));
+        match (literal(&self.groups), literal(&self.top_groups)) {
+            (Some(0), _) => error(&self.groups, format!("`{key}` needs at least one group")),
+            (_, Some(0)) => error(
+                &self.top_groups,
+                format!("`{key}` must choose at least one group"),
+            ),
+            (Some(count), Some(top)) if top > count => error(
+                &self.top_groups,
+                format!("`{key}` chooses {top} of {count} groups; choose at most {count}"),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What an attribute macro was given, one variant per macro; `FnArgs::parse` in `valid.rs`
 /// builds it, as `#[trace_quant]`'s arguments are checked on the way.
 pub(crate) enum FnArgs {
@@ -203,6 +313,7 @@ pub(crate) enum FnArgs {
     Logits(ValueArgs),
     KvCache(Box<KvCacheArgs>),
     Quant(QuantArgs),
+    Router(Box<RouterArgs>),
 }
 
 impl FnArgs {
@@ -214,6 +325,7 @@ impl FnArgs {
             FnArgs::Logits(_) => Macro::Logits,
             FnArgs::KvCache(_) => Macro::KvCache,
             FnArgs::Quant(_) => Macro::Quant,
+            FnArgs::Router(_) => Macro::Router,
         }
     }
 
@@ -225,6 +337,7 @@ impl FnArgs {
             FnArgs::Attention(args) | FnArgs::Logits(args) => args.name.as_ref(),
             FnArgs::KvCache(args) => args.name.as_ref(),
             FnArgs::Quant(args) => args.name.as_ref(),
+            FnArgs::Router(args) => args.name.as_ref(),
         }
     }
 }
@@ -246,6 +359,15 @@ pub(crate) enum Inline {
     Stage(LitStr),
     Attention(ValueArgs),
     Logits(ValueArgs),
+    /// `trace_router_value!`: `value` is the logits.
+    Router(Box<RouterValues>),
+}
+
+/// The rest of `trace_router_value!(&logits, &weights, &experts, ...)`.
+pub(crate) struct RouterValues {
+    pub(crate) weights: Expr,
+    pub(crate) experts: Expr,
+    pub(crate) args: RouterArgs,
 }
 
 impl InlineInput {
@@ -275,6 +397,16 @@ fn parse_inline_input(mac: InlineMacro, input: ParseStream) -> syn::Result<Inlin
             let (value, args) = value_then_args(display, input)?;
             (value, Inline::Logits(args))
         }
+        InlineMacro::RouterValue => {
+            let [logits, weights, experts] = router_values(display, input)?;
+            let args = parse_list(display, input)?;
+            let values = RouterValues {
+                weights,
+                experts,
+                args,
+            };
+            (logits, Inline::Router(Box::new(values)))
+        }
     };
     Ok(InlineInput { value, what })
 }
@@ -286,6 +418,37 @@ fn value_then_args<A: Arguments>(display: &str, input: ParseStream) -> syn::Resu
         input.parse::<Token![,]>()?;
     }
     Ok((value, parse_list(display, input)?))
+}
+
+/// `&logits, &weights, &experts` then a comma or the end: the three values come first, so an
+/// argument in their place (`scoring = sigmoid` read as an assignment) says so.
+fn router_values(display: &str, input: ParseStream) -> syn::Result<[Expr; 3]> {
+    let mut values = Vec::with_capacity(3);
+    for what in ["logits", "weights", "experts"] {
+        let message = || {
+            format!(
+                "`{display}` needs the router's logits, weights and experts first, then its \
+                 arguments: `{display}(&logits, &weights, &experts, scoring = sigmoid)`; \
+                 expected the {what} here"
+            )
+        };
+        if input.is_empty() {
+            return Err(syn::Error::new(Span::call_site(), message()));
+        }
+        let value: Expr = input.parse()?;
+        if let Expr::Assign(assign) = &value {
+            if matches!(&*assign.left, Expr::Path(path) if path.path.get_ident().is_some()) {
+                return Err(syn::Error::new_spanned(value, message()));
+            }
+        }
+        values.push(value);
+        if !input.is_empty() {
+            input.parse::<Token![,]>()?;
+        }
+    }
+    values
+        .try_into()
+        .map_err(|_| syn::Error::new(Span::call_site(), format!("`{display}` takes three values")))
 }
 
 /// `"stage",` at the start of `trace_tensor!`.

@@ -12,7 +12,7 @@
 //! registers the lines it spans, from which the inline macros inside it learn its name.
 
 use crate::ast::{parse_fn, MaybeFn, Output, Param, Passing, TracedFn};
-use crate::attr::{FnArgs, Inline, InlineInput, KvCacheArgs};
+use crate::attr::{FnArgs, Inline, InlineInput, KvCacheArgs, RouterArgs};
 use crate::errors::both;
 use crate::kind::{InlineMacro, Kind, Macro};
 use crate::valid::{check_fn, QUANT_TYPES, RESERVED_STAGES};
@@ -105,6 +105,7 @@ enum Conversion {
     Bytes,
     Evictions,
     HitRate,
+    Groups,
 }
 
 impl Conversion {
@@ -123,6 +124,7 @@ impl Conversion {
             Conversion::Bytes => ("BytesArg", "convert"),
             Conversion::Evictions => ("EvictionsArg", "convert"),
             Conversion::HitRate => ("HitRateArg", "convert"),
+            Conversion::Groups => ("GroupsArg", "convert"),
         };
         let (name, method) = (Ident::new(name, span), Ident::new(method, span));
         quote_spanned!(span=> #private::#name::#method(#expr))
@@ -203,6 +205,7 @@ impl TracedFn {
             .into_iter()
             .flatten()
             .collect(),
+            FnArgs::Router(args) => router_uses(args),
             FnArgs::Quant(args) => {
                 let call = self.reference_call(&args.reference);
                 vec![quote! {
@@ -288,7 +291,9 @@ impl TracedFn {
                     };
                 }
             }
-            FnArgs::Attention(_) | FnArgs::Logits(_) | FnArgs::KvCache(_) => TokenStream::new(),
+            FnArgs::Attention(_) | FnArgs::Logits(_) | FnArgs::KvCache(_) | FnArgs::Router(_) => {
+                TokenStream::new()
+            }
         }
     }
 
@@ -302,6 +307,16 @@ impl TracedFn {
             FnArgs::Logits(args) => Some(record_output("record_logits", args.layer.as_ref())),
             FnArgs::KvCache(args) => Some(kv_cache_step(args, has_output)),
             FnArgs::Quant(args) => Some(quant_record(args.quant.as_ref())),
+            FnArgs::Router(args) => {
+                let private = private();
+                let record = router_record(args, &quote!(#private::probe_router!(&__trace_out)));
+                Some(quote! {
+                    if __TRACE_CALLSITE.is_active() {
+                        #record
+                    }
+                    __trace_out
+                })
+            }
         }
     }
 
@@ -524,6 +539,58 @@ fn kv_cache_step(args: &KvCacheArgs, has_output: bool) -> TokenStream {
     }
 }
 
+/// What the compiled-out build keeps of a router's arguments: each evaluated as the traced
+/// build evaluates it.
+fn router_uses(args: &RouterArgs) -> Vec<TokenStream> {
+    let layer = args.layer.as_ref().map(|layer| {
+        let layer = Conversion::Layer.apply(layer);
+        quote!(let _ = #layer;)
+    });
+    let bias = args.bias.as_ref().map(|bias| quote!(let _ = &(#bias);));
+    let groups = args.groups.as_ref().map(|groups| {
+        let count = Conversion::Groups.apply(&groups.groups);
+        let top = Conversion::Groups.apply(&groups.top_groups);
+        quote!(let _ = (#count, #top);)
+    });
+    layer.into_iter().chain(bias).chain(groups).collect()
+}
+
+/// `record_router(...)` of a router's `parts` (a `RouterParts`), in one statement so that the
+/// temporaries of `bias` live through the call.
+fn router_record(args: &RouterArgs, parts: &TokenStream) -> TokenStream {
+    let private = private();
+    let layer = Conversion::Layer.option(args.layer.as_ref());
+    let variant = args.scoring.as_ref().map_or("Softmax", |s| s.variant());
+    let variant = Ident::new(variant, Span::call_site());
+    let groups = args.groups.as_ref().map_or_else(
+        || quote!(::core::option::Option::None),
+        |groups| {
+            let count = Conversion::Groups.apply(&groups.groups);
+            let top = Conversion::Groups.apply(&groups.top_groups);
+            quote!(::core::option::Option::Some((#count, #top)))
+        },
+    );
+    let bias = args.bias.as_ref().map_or_else(
+        || quote!(::core::option::Option::None),
+        |bias| {
+            let bias = probe(bias);
+            quote!(::core::option::Option::Some(#bias))
+        },
+    );
+    quote! {
+        #private::record_router(
+            &__TRACE_CALLSITE,
+            #private::RouterArgs {
+                layer: #layer,
+                scoring: #private::RouterScoring::#variant,
+                groups: #groups,
+                bias: #bias,
+            },
+            #parts,
+        );
+    }
+}
+
 fn quant_record(quant: Option<&Ident>) -> TokenStream {
     let private = private();
     let quant = quant.map_or_else(
@@ -687,6 +754,11 @@ impl InlineInput {
                 record_value("record_attention", args.layer.as_ref(), &value)
             }
             Inline::Logits(args) => record_value("record_logits", args.layer.as_ref(), &value),
+            Inline::Router(values) => {
+                let (weights, experts) = (probe(&values.weights), probe(&values.experts));
+                let parts = quote!(#private::RouterParts::Values([#value, #weights, #experts]));
+                router_record(&values.args, &parts)
+            }
         };
         quote!({
             #callsite
@@ -705,6 +777,18 @@ impl InlineInput {
             Inline::Tensor(_) => None,
             Inline::Stage(_) => return quote!(#private::keep(#value)),
             Inline::Attention(args) | Inline::Logits(args) => args.layer.as_ref(),
+            Inline::Router(values) => {
+                let (weights, experts) = (&values.weights, &values.experts);
+                let uses = router_uses(&values.args);
+                return quote!({
+                    if false {
+                        let _ = &(#value);
+                        let _ = &(#weights);
+                        let _ = &(#experts);
+                        #(#uses)*
+                    }
+                });
+            }
         };
         let layer = layer
             .map(|layer| Conversion::Layer.apply(layer))
@@ -722,13 +806,22 @@ impl InlineInput {
             Inline::Tensor(_) | Inline::Stage(_) => Kind::Tensor,
             Inline::Attention(_) => Kind::Attention,
             Inline::Logits(_) => Kind::Logits,
+            Inline::Router(_) => Kind::Router,
         }
     }
 
-    /// The stage, `name = "..."`, or the traced variable's name (`&self.probs` gives `probs`).
+    /// The stage, `name = "..."`, or the traced variable's name (`&self.probs` gives `probs`);
+    /// a router's is `router` unless named.
     fn tracepoint_name(&self) -> String {
         let (name, default) = match &self.what {
             Inline::Tensor(stage) | Inline::Stage(stage) => return stage.value(),
+            Inline::Router(values) => {
+                return values
+                    .args
+                    .name
+                    .as_ref()
+                    .map_or_else(|| "router".to_owned(), LitStr::value)
+            }
             Inline::Attention(args) => (args.name.as_ref(), "attention"),
             Inline::Logits(args) => (args.name.as_ref(), "logits"),
         };

@@ -19,7 +19,7 @@ macro_rules! listed {
 }
 
 listed! {
-    /// One of the six attribute macros.
+    /// One of the seven attribute macros.
     pub(crate) enum Macro {
         Model,
         Layer,
@@ -27,16 +27,18 @@ listed! {
         Logits,
         KvCache,
         Quant,
+        Router,
     }
 }
 
 listed! {
-    /// One of the four function-like macros.
+    /// One of the five function-like macros.
     pub(crate) enum InlineMacro {
         Tensor,
         Stage,
         AttentionValue,
         LogitsValue,
+        RouterValue,
     }
 }
 
@@ -50,6 +52,7 @@ pub(crate) enum Kind {
     KvCache,
     Quant,
     Tensor,
+    Router,
 }
 
 impl Kind {
@@ -63,6 +66,7 @@ impl Kind {
             Kind::KvCache => "KvCache",
             Kind::Quant => "Quant",
             Kind::Tensor => "Tensor",
+            Kind::Router => "Router",
         }
     }
 
@@ -93,6 +97,7 @@ impl Macro {
             Macro::Logits => "#[trace_logits]",
             Macro::KvCache => "#[trace_kv_cache]",
             Macro::Quant => "#[trace_quant]",
+            Macro::Router => "#[trace_router]",
         }
     }
 
@@ -104,6 +109,7 @@ impl Macro {
             Macro::Logits => Kind::Logits,
             Macro::KvCache => Kind::KvCache,
             Macro::Quant => Kind::Quant,
+            Macro::Router => Kind::Router,
         }
     }
 }
@@ -116,6 +122,7 @@ impl InlineMacro {
             InlineMacro::Stage => "trace_stage!",
             InlineMacro::AttentionValue => "trace_attention_value!",
             InlineMacro::LogitsValue => "trace_logits_value!",
+            InlineMacro::RouterValue => "trace_router_value!",
         }
     }
 
@@ -124,6 +131,7 @@ impl InlineMacro {
             InlineMacro::Tensor | InlineMacro::Stage => Kind::Tensor,
             InlineMacro::AttentionValue => Kind::Attention,
             InlineMacro::LogitsValue => Kind::Logits,
+            InlineMacro::RouterValue => Kind::Router,
         }
     }
 }

@@ -62,6 +62,12 @@ pub fn trace_quant(args: TokenStream, item: TokenStream) -> TokenStream {
     attribute(Macro::Quant, args, item)
 }
 
+/// Records a mixture-of-experts router's choice; see `model_trace::trace_router`.
+#[proc_macro_attribute]
+pub fn trace_router(args: TokenStream, item: TokenStream) -> TokenStream {
+    attribute(Macro::Router, args, item)
+}
+
 /// Records an intermediate tensor as a stage; see `model_trace::trace_tensor!`.
 #[proc_macro]
 pub fn trace_tensor(input: TokenStream) -> TokenStream {
@@ -85,6 +91,12 @@ pub fn trace_attention_value(input: TokenStream) -> TokenStream {
 #[proc_macro]
 pub fn trace_logits_value(input: TokenStream) -> TokenStream {
     function_like(InlineMacro::LogitsValue, input)
+}
+
+/// Records a router's choice computed inline; see `model_trace::trace_router_value!`.
+#[proc_macro]
+pub fn trace_router_value(input: TokenStream) -> TokenStream {
+    function_like(InlineMacro::RouterValue, input)
 }
 
 /// The `TracepointKind` variants the macros register, as `&[&str]`. Not public API.

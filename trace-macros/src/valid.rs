@@ -38,6 +38,7 @@ impl FnArgs {
             Macro::Quant => parse_args(display, tokens)
                 .and_then(QuantArgs::new)
                 .map(FnArgs::Quant),
+            Macro::Router => parse_args(display, tokens).map(|args| FnArgs::Router(Box::new(args))),
         }
     }
 }
@@ -95,7 +96,7 @@ impl InlineInput {
     pub(crate) fn validate(&self) -> syn::Result<()> {
         match &self.what {
             Inline::Tensor(stage) | Inline::Stage(stage) => check_stage_not_reserved(stage),
-            Inline::Attention(_) | Inline::Logits(_) => Ok(()),
+            Inline::Attention(_) | Inline::Logits(_) | Inline::Router(_) => Ok(()),
         }
     }
 }
@@ -151,6 +152,7 @@ fn check_returns_value(mac: Macro, func: &FnParts) -> syn::Result<()> {
         Macro::Attention => "attention probabilities",
         Macro::Logits => "logits",
         Macro::Quant => "output to compare with `reference`",
+        Macro::Router => "(logits, weights, experts)",
         Macro::Model | Macro::Layer | Macro::KvCache => return Ok(()),
     };
     match output(&func.sig.output) {

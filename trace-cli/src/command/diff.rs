@@ -21,7 +21,10 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
             .chain(&args.other)
             .map(|path| TraceRows::read(path))
             .collect::<Result<Vec<_>, _>>()?;
-        let report = PositionReport::batch(&alone, &TraceRows::read(batch)?, args.row_rtol)?;
+        let batch = TraceRows::read(batch)?;
+        let traces: Vec<&TraceRows> = alone.iter().chain([&batch]).collect();
+        warn_routers_left_out(&traces);
+        let report = PositionReport::batch(&alone, &batch, args.row_rtol)?;
         return emit_positions(&report, args.json);
     }
     let [other] = args.other.as_slice() else {
@@ -126,7 +129,15 @@ fn by_position(args: &DiffArgs, other: &Path) -> Result<Option<PositionReport>, 
             other.display()
         ));
     }
+    warn_routers_left_out(&[&expected, &actual]);
     PositionReport::pair(&expected, &actual, args.row_rtol).map(Some)
+}
+
+/// Says on stderr that the comparison by position leaves the routers of `traces` out.
+fn warn_routers_left_out(traces: &[&TraceRows]) {
+    if let Some(warning) = TraceRows::routers_left_out(traces) {
+        eprintln!("model-trace: warning: {warning}");
+    }
 }
 
 fn emit_positions(report: &PositionReport, json: bool) -> Result<Outcome, InputError> {

@@ -20,6 +20,8 @@ pub(crate) struct TraceRows {
     pub(crate) rows: PositionRows,
     /// What the header says of the run's weights.
     weights: WeightsSaid,
+    /// Router calls in the trace (compared pass by pass only, not by position).
+    pub(crate) router_calls: usize,
 }
 
 impl TraceRows {
@@ -27,7 +29,9 @@ impl TraceRows {
     pub(crate) fn read(path: &Path) -> Result<Self, InputError> {
         let run = TraceRun::open(&[path.to_path_buf()])?;
         let mut events = Vec::new();
+        let mut router_calls = 0;
         let notes = read(&run, |_, event| {
+            router_calls += usize::from(matches!(event, Event::Router(_)));
             if matches!(event, Event::PassBegin(_) | Event::Layer(_)) {
                 events.push(event);
             }
@@ -39,6 +43,7 @@ impl TraceRows {
             path: path.to_path_buf(),
             rows: PositionRows::from_events(&events),
             weights: WeightsSaid::of(run.header()),
+            router_calls,
         })
     }
 
@@ -47,6 +52,22 @@ impl TraceRows {
     /// 8-bit rounding of their inputs sets the floor.
     fn quantized(&self) -> bool {
         self.weights.is_quantized()
+    }
+
+    /// A warning when any of `traces` has router calls: the comparison by position leaves
+    /// them out.
+    pub(crate) fn routers_left_out(traces: &[&Self]) -> Option<String> {
+        let with: Vec<String> = (traces.iter())
+            .filter(|t| t.router_calls > 0)
+            .map(|t| format!("{} ({} calls)", t.path.display(), t.router_calls))
+            .collect();
+        (!with.is_empty()).then(|| {
+            format!(
+                "the routers of {} are not compared by position (only pass by pass: record the \
+                 runs with the same passes)",
+                with.join(", ")
+            )
+        })
     }
 
     /// Whether the header says rows were recorded.

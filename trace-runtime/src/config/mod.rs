@@ -35,6 +35,10 @@ pub struct ModelTracerConfig {
     pub trace_quant_error: bool,
     /// KV-cache state per step.
     pub trace_kv_cache: bool,
+    /// Mixture-of-experts routers: per token the experts chosen, their weights and how close
+    /// the choice was, per call each expert's load. On in [`full`](Self::full) and
+    /// [`lightweight`](Self::lightweight).
+    pub trace_router: bool,
     /// Which tensors get a fingerprint, a sketch and sample values besides their statistics,
     /// when a sink keeps them (the trace file does).
     pub digests: DigestPolicy,
@@ -69,6 +73,7 @@ impl Default for ModelTracerConfig {
             auto_track_top_k: 5,
             trace_quant_error: false,
             trace_kv_cache: false,
+            trace_router: false,
             digests: DigestPolicy::default(),
             memory_limit_bytes: DEFAULT_MEMORY_LIMIT_BYTES,
             device_copy_below: 0,
@@ -86,15 +91,17 @@ impl ModelTracerConfig {
             trace_logits: true,
             trace_quant_error: true,
             trace_kv_cache: true,
+            trace_router: true,
             ..Self::default()
         }
     }
 
-    /// Activations and KV cache only: the cheap records that catch most failures.
+    /// Activations, KV cache and routers only: the cheap records that catch most failures.
     pub fn lightweight() -> Self {
         Self {
             trace_activations: true,
             trace_kv_cache: true,
+            trace_router: true,
             ..Self::default()
         }
     }
@@ -106,6 +113,7 @@ impl ModelTracerConfig {
             || self.trace_logits
             || self.trace_quant_error
             || self.trace_kv_cache
+            || self.trace_router
     }
 }
 

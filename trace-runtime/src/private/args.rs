@@ -42,8 +42,8 @@ integer_argument!(
     "`index` takes an integer (any integer type), not `{Self}`"
 );
 integer_argument!(
-    /// `layer = EXPR` of `#[trace_attention]`, `#[trace_logits]`, `#[trace_kv_cache]` and
-    /// the inline macros.
+    /// `layer = EXPR` of `#[trace_attention]`, `#[trace_logits]`, `#[trace_kv_cache]`,
+    /// `#[trace_router]` and the inline macros.
     LayerArg,
     "`layer` takes an integer (any integer type), not `{Self}`"
 );
@@ -66,6 +66,11 @@ integer_argument!(
     /// `evictions = EXPR` of `#[trace_kv_cache]`.
     EvictionsArg,
     "`evictions` takes an integer (any integer type), not `{Self}`"
+);
+integer_argument!(
+    /// Each of `groups = (GROUPS, TOP_GROUPS)` of `#[trace_router]` and `trace_router_value!`.
+    GroupsArg,
+    "`groups` takes two integers (any integer type), not `{Self}`"
 );
 
 /// `hit_rate = EXPR` of `#[trace_kv_cache]`.

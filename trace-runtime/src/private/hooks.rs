@@ -82,12 +82,13 @@ pub fn keep<T>(value: T) -> T {
 }
 
 /// What a "not a tensor" error adds: what is one.
-const NOT_A_TENSOR: &str = " (tensors are what implement `TraceTensor`: candle's `Tensor`, \
+pub(super) const NOT_A_TENSOR: &str =
+    " (tensors are what implement `TraceTensor`: candle's `Tensor`, \
      ndarray's arrays, `[f32]`, `[f32; N]`, `Vec<f32>`, `TensorRef`, and references, boxes, \
      `Ok` and `Some` of these; wrap other buffers in a `TensorRef`)";
 
 /// `value` when it is a tensor; otherwise `None`, and the error noted for `what`.
-fn tensor_or_error<'a>(
+pub(super) fn tensor_or_error<'a>(
     cs: &'static Callsite,
     what: &str,
     value: Option<&'a dyn TraceTensor>,

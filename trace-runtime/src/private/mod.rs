@@ -7,7 +7,7 @@
 //! One file a step of what generated code does: `callsite` (is this tracepoint active?),
 //! `args` (the macros' numeric arguments; `tokens = ..` reads through the public
 //! [`PassTokens`]), `probe` (is this value a tensor?), `read` (a tensor's summary), `guards`
-//! (passes and layers) and `hooks` (the other records).
+//! (passes and layers), `hooks` (the other records) and `router` (a router's choice).
 
 mod args;
 mod callsite;
@@ -15,10 +15,12 @@ mod guards;
 mod hooks;
 mod probe;
 mod read;
+mod router;
 
 pub use crate::__model_trace_probe as probe;
 pub use crate::__model_trace_probe_mut as probe_mut;
-pub use crate::record::QuantType;
+pub use crate::__model_trace_probe_router as probe_router;
+pub use crate::record::{QuantType, RouterScoring};
 pub use crate::tensor::{PassTokens, TraceTensor};
 pub use crate::tracepoint::callsite::{Callsite, FunctionSpan, Registered};
 pub use crate::tracepoint::{Tracepoint, TracepointKind};
@@ -31,6 +33,8 @@ pub use hooks::{
     replace_stage, KvCacheStep,
 };
 pub use probe::{
-    Probe, ProbeMut, ProbeMutOther, ProbeMutTensor, ProbeMutWrapped, ProbeOther, ProbeTensor,
-    ProbeWrapped, ReplaceBorrowedOther, ReplaceBorrowedTensor,
+    Probe, ProbeMut, ProbeMutOther, ProbeMutTensor, ProbeMutWrapped, ProbeOther, ProbeRouterOther,
+    ProbeRouterParts, ProbeRouterWrapped, ProbeTensor, ProbeWrapped, ReplaceBorrowedOther,
+    ReplaceBorrowedTensor,
 };
+pub use router::{record_router, RouterArgs, RouterParts};

@@ -86,6 +86,90 @@ macro_rules! __model_trace_probe {
     }};
 }
 
+// probe_router!: the same dispatch for what `#[trace_router]` returns, a `(logits, weights,
+// experts)` tuple of tensors (or an `Ok`/`Some` of one).
+
+pub trait ProbeRouterParts<'a> {
+    fn __model_trace_router(self) -> super::RouterParts<'a>;
+}
+
+impl<'a, L, W, E> ProbeRouterParts<'a> for &&&Probe<'a, (L, W, E)>
+where
+    L: TraceTensor + 'a,
+    W: TraceTensor + 'a,
+    E: TraceTensor + 'a,
+{
+    fn __model_trace_router(self) -> super::RouterParts<'a> {
+        router_parts(self.0)
+    }
+}
+
+fn router_parts<'a, L, W, E>((logits, weights, experts): &'a (L, W, E)) -> super::RouterParts<'a>
+where
+    L: TraceTensor + 'a,
+    W: TraceTensor + 'a,
+    E: TraceTensor + 'a,
+{
+    super::RouterParts::Values([
+        Some(logits as &dyn TraceTensor),
+        Some(weights as &dyn TraceTensor),
+        Some(experts as &dyn TraceTensor),
+    ])
+}
+
+pub trait ProbeRouterWrapped<'a> {
+    fn __model_trace_router(self) -> super::RouterParts<'a>;
+}
+
+impl<'a, L, W, E, Error> ProbeRouterWrapped<'a> for &&Probe<'a, Result<(L, W, E), Error>>
+where
+    L: TraceTensor + 'a,
+    W: TraceTensor + 'a,
+    E: TraceTensor + 'a,
+{
+    fn __model_trace_router(self) -> super::RouterParts<'a> {
+        self.0
+            .as_ref()
+            .map_or(super::RouterParts::Absent, router_parts)
+    }
+}
+
+impl<'a, L, W, E> ProbeRouterWrapped<'a> for &&Probe<'a, Option<(L, W, E)>>
+where
+    L: TraceTensor + 'a,
+    W: TraceTensor + 'a,
+    E: TraceTensor + 'a,
+{
+    fn __model_trace_router(self) -> super::RouterParts<'a> {
+        self.0
+            .as_ref()
+            .map_or(super::RouterParts::Absent, router_parts)
+    }
+}
+
+pub trait ProbeRouterOther<'a> {
+    fn __model_trace_router(self) -> super::RouterParts<'a>;
+}
+
+impl<'a, T: ?Sized> ProbeRouterOther<'a> for &Probe<'a, T> {
+    fn __model_trace_router(self) -> super::RouterParts<'a> {
+        super::RouterParts::NotRouting
+    }
+}
+
+/// `probe_router!(&value)`: the router's `(logits, weights, experts)` as [`RouterParts`](super::RouterParts).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __model_trace_probe_router {
+    ($value:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::{
+            ProbeRouterOther as _, ProbeRouterParts as _, ProbeRouterWrapped as _,
+        };
+        (&&&$crate::__private::Probe($value)).__model_trace_router()
+    }};
+}
+
 // probe_mut!: the same dispatch for a value that an intervention may change in place. The
 // wrapper holds the `&mut` in a cell so that the method, called through shared references,
 // can take it out.

@@ -13,6 +13,7 @@ mod precision;
 mod quant;
 mod quant_type;
 mod router;
+mod routing;
 mod stage;
 
 pub use activation::*;
@@ -26,4 +27,5 @@ pub use precision::*;
 pub use quant::*;
 pub use quant_type::QuantType;
 pub use router::*;
+pub use routing::{expert_load, RoutingRule};
 pub use stage::Stage;

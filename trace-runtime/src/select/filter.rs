@@ -10,8 +10,8 @@ use crate::tracepoint::{Tracepoint, TracepointKind};
 ///
 /// Syntax: patterns separated by commas, surrounding whitespace ignored, empty entries skipped.
 /// Each pattern is `[-][kind:]glob[@file[:line]]`:
-/// * `kind` is one of `model`, `layer`, `attention`, `logits`, `kv_cache`, `quant`, `tensor`
-///   (the [`TracepointKind`] names); without it any kind matches.
+/// * `kind` is one of `model`, `layer`, `attention`, `logits`, `kv_cache`, `quant`, `tensor`,
+///   `router` (the [`TracepointKind`] names); without it any kind matches.
 /// * `glob` matches the tracepoint's name, or, when it contains `::`, the path
 ///   `module_path::function`. `*` matches any run of characters, `?` one character.
 /// * `@file` keeps the tracepoints of one source file: `file` is compared with the end of the

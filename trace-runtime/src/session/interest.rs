@@ -36,7 +36,8 @@ pub(super) fn interest(
                 || may(config.trace_attention, TracepointKind::Attention)
                 || may(config.trace_logits, TracepointKind::Logits)
                 || may(config.trace_quant_error, TracepointKind::Quant)
-                || may(config.trace_kv_cache, TracepointKind::KvCache);
+                || may(config.trace_kv_cache, TracepointKind::KvCache)
+                || may(config.trace_router, TracepointKind::Router);
             match (needs_context, config.trace_activations && admitted) {
                 (false, _) => Interest::Never,
                 (true, false) => Interest::Structure,
@@ -58,5 +59,6 @@ pub(super) fn interest(
         TracepointKind::Logits => records(config.trace_logits),
         TracepointKind::KvCache => records(config.trace_kv_cache),
         TracepointKind::Quant => records(config.trace_quant_error),
+        TracepointKind::Router => records(config.trace_router),
     }
 }

@@ -16,7 +16,7 @@ use crate::config::ModelTracerConfig;
 use crate::record::{
     Anomaly, AttentionWeightTrace, Event, KvCacheSessionTrace, KvCacheStateTrace,
     LayerActivationTrace, LogitEvolutionTrace, ModelActivationTrace, ModelQuantizationError,
-    QuantizationErrorTrace,
+    QuantizationErrorTrace, RouterEvent,
 };
 use crate::sink::{SinkError, TraceSink};
 use crate::stats::TensorStats;
@@ -34,8 +34,8 @@ use crate::stats::TensorStats;
 ///   `record_*` in between, [`end_forward`](Self::end_forward) after it, which runs the anomaly
 ///   rules and the logit tracking. What a record needs:
 ///   * Activations and logits belong to a pass: recorded outside one, they are dropped.
-///   * Attention rows, KV-cache steps and quantization errors stand on their own and are kept
-///     outside a pass too (quantization errors made outside a pass are grouped under
+///   * Attention rows, KV-cache steps, quantization errors and router calls stand on their own
+///     and are kept outside a pass too (quantization errors made outside a pass are grouped under
 ///     `position: None`).
 ///   * Nothing panics, whatever the order of calls: `end_forward` without a pass returns `None`,
 ///     `begin_forward` during a pass first ends the open one.
@@ -65,6 +65,9 @@ pub struct ModelTracer {
     logit_traces: Vec<LogitEvolutionTrace>,
     quant_traces: Vec<ModelQuantizationError>,
     kv_trace: KvCacheSessionTrace,
+    /// Router calls, in recording order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    router_traces: Vec<RouterEvent>,
     /// Running totals over every record, kept or not.
     totals: Totals,
     /// Estimated heap bytes of the kept records.
@@ -197,7 +200,8 @@ impl ModelTracer {
             Event::Error(error) => self.totals.count_error(error),
             Event::SessionEnd(end) => self.totals.errors_not_kept = end.errors_not_kept,
             // What was recorded already says what the program saw; the trace file says why.
-            Event::Logits(_) | Event::Intervention(_) | Event::Router(_) => {}
+            Event::Router(router) => self.keep_router(router),
+            Event::Logits(_) | Event::Intervention(_) => {}
         }
     }
 
@@ -276,6 +280,13 @@ impl ModelTracer {
         }
     }
 
+    fn keep_router(&mut self, router: &RouterEvent) {
+        self.totals.router_calls += 1;
+        if self.config.trace_router && self.reserve(heap_size_of_router(router)) {
+            self.router_traces.push(router.clone());
+        }
+    }
+
     fn keep_quant(&mut self, trace: QuantizationErrorTrace) {
         self.totals.count_quant(&trace);
         if !self.reserve(heap_size_of_quant(&trace)) {
@@ -347,6 +358,12 @@ impl ModelTracer {
         &self.quant_traces
     }
 
+    /// Router calls ([`trace_router`](crate::ModelTracerConfig::trace_router)), in recording
+    /// order: per token the experts chosen and how close the choice was, per expert its load.
+    pub fn routers(&self) -> &[RouterEvent] {
+        &self.router_traces
+    }
+
     /// Forward passes begun since creation or the last `clear`.
     pub fn forward_passes(&self) -> usize {
         self.forward_passes
@@ -376,6 +393,7 @@ impl ModelTracer {
         self.attention_traces.clear();
         self.logit_traces.clear();
         self.quant_traces.clear();
+        self.router_traces.clear();
         self.kv_trace = KvCacheSessionTrace::default();
         self.totals = Totals::default();
         self.retained_bytes = 0;
@@ -440,6 +458,17 @@ fn heap_size_of_attention(trace: &AttentionWeightTrace) -> usize {
 
 fn heap_size_of_quant(trace: &QuantizationErrorTrace) -> usize {
     std::mem::size_of::<QuantizationErrorTrace>() + trace.site.len()
+}
+
+fn heap_size_of_router(event: &RouterEvent) -> usize {
+    let token = |t: &crate::record::RoutedToken| {
+        std::mem::size_of_val(t) + (t.experts.len() + t.weights.len() + t.logits.len()) * 4
+    };
+    std::mem::size_of::<RouterEvent>()
+        + event.tracepoint.len()
+        + event.function.len()
+        + event.load.len() * std::mem::size_of::<usize>()
+        + event.tokens.iter().map(token).sum::<usize>()
 }
 
 fn heap_size_of_logits(trace: &LogitEvolutionTrace) -> usize {

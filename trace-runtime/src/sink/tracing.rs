@@ -158,6 +158,24 @@ impl TraceSink for TracingSink {
                 snr_db = quant.error.snr_db,
                 "quant"
             ),
+            Event::Router(router) => {
+                // The closest choice of the call: where another router may have chosen otherwise.
+                let narrowest = router
+                    .tokens
+                    .iter()
+                    .min_by(|a, b| a.logit_margin.total_cmp(&b.logit_margin));
+                tracing::debug!(
+                    target: "model_trace",
+                    layer = router.layer,
+                    tokens = router.tokens.len(),
+                    experts = router.num_experts,
+                    top_k = router.top_k,
+                    narrowest_row = narrowest.map(|t| t.row),
+                    narrowest_logit_margin = narrowest.map(|t| t.logit_margin),
+                    tracepoint = %router.tracepoint,
+                    "router"
+                );
+            }
             Event::Intervention(change) => tracing::debug!(
                 target: "model_trace",
                 layer = change.layer,

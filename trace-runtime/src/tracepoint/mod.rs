@@ -31,11 +31,13 @@ pub enum TracepointKind {
     Quant,
     /// `trace_tensor!`: an intermediate tensor, a stage of the enclosing layer.
     Tensor,
+    /// `#[trace_router]`, `trace_router_value!`: a mixture-of-experts router's choice.
+    Router,
 }
 
 impl TracepointKind {
     /// Every kind, in the order tracepoints are sorted by.
-    pub const ALL: [TracepointKind; 7] = [
+    pub const ALL: [TracepointKind; 8] = [
         Self::Model,
         Self::Layer,
         Self::Attention,
@@ -43,6 +45,7 @@ impl TracepointKind {
         Self::KvCache,
         Self::Quant,
         Self::Tensor,
+        Self::Router,
     ];
 
     /// The lowercase name used in `Display` and in filters such as `kv_cache:*`.
@@ -55,6 +58,7 @@ impl TracepointKind {
             Self::KvCache => "kv_cache",
             Self::Quant => "quant",
             Self::Tensor => "tensor",
+            Self::Router => "router",
         }
     }
 

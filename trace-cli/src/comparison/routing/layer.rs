@@ -11,7 +11,7 @@ use super::token::{
 };
 
 /// Tokens a layer must have compared before many near-ties (over a tenth) are noted.
-const MANY_NEAR_TIES_OF: usize = 10;
+const MANY_NEAR_TIES_OF: usize = 8;
 
 /// A layer's routing in one word.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -218,7 +218,8 @@ impl LayerRouting {
         theirs: &'a RouterEvent,
     ) -> Vec<(&'a RoutedToken, &'a RoutedToken, f64, bool)> {
         let pairs = token_pairs(ours, theirs, &mut self.max_logit_error);
-        self.rows_unmatched += ours.tokens.len() + theirs.tokens.len() - 2 * pairs.len();
+        self.rows_unmatched +=
+            (ours.tokens.len() + theirs.tokens.len()).saturating_sub(2 * pairs.len());
         pairs
     }
 

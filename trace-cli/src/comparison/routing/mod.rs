@@ -109,30 +109,24 @@ impl RoutingComparison {
         let paired = pair_calls(reference, other);
         self.note_unmatched(pass, &paired);
         for (ours, theirs) in &paired.pairs {
-            let layer = self
-                .layers
-                .entry(ours.layer)
-                .or_insert_with(|| LayerRouting {
-                    layer: ours.layer,
-                    ..LayerRouting::default()
-                });
-            let Some(call) = layer.compare_call(pass, ours, theirs) else {
+            let Some(call) = self.layer(ours.layer).compare_call(pass, ours, theirs) else {
                 continue;
             };
             self.note_first(pass, position, ours, &call);
         }
         if !floor.is_empty() {
             for (ours, floors) in &pair_calls(reference, floor).pairs {
-                let layer = self
-                    .layers
-                    .entry(ours.layer)
-                    .or_insert_with(|| LayerRouting {
-                        layer: ours.layer,
-                        ..LayerRouting::default()
-                    });
-                layer.compare_floor_call(ours, floors);
+                self.layer(ours.layer).compare_floor_call(ours, floors);
             }
         }
+    }
+
+    /// The comparison of `layer` so far (a new one the first time).
+    fn layer(&mut self, layer: usize) -> &mut LayerRouting {
+        self.layers.entry(layer).or_insert_with(|| LayerRouting {
+            layer,
+            ..LayerRouting::default()
+        })
     }
 
     /// Notes the first difference and the first divergence of one call, if it has them.

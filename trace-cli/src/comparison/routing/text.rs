@@ -140,6 +140,18 @@ fn layer_lines(out: &mut String, layer: &LayerRouting, colors: &Colors) {
             ))
         );
     }
+    if layer.mlp_out_diverged && layer.verdict == LayerVerdict::Routing {
+        let _ = writeln!(
+            out,
+            "{}",
+            colors.bad(&format!(
+                "layer {}: mlp_out diverges, and {} chose other experts than the logit error \
+                 explains: the choice may be what differs",
+                layer.layer,
+                counted(layer.divergences, "token", "tokens")
+            ))
+        );
+    }
     if let Some(worst) = &layer.worst_weights {
         let w = &worst.weight;
         let _ = writeln!(

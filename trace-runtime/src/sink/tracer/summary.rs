@@ -29,6 +29,8 @@ pub(super) struct Totals {
     #[serde(default)]
     first_warning: Option<String>,
     pub(super) errors_not_kept: usize,
+    #[serde(default)]
+    pub(super) router_calls: usize,
 }
 
 impl Totals {
@@ -101,6 +103,7 @@ impl Totals {
             quant_criticals: self.quant_criticals,
             worst_quant_cosine: self.worst_quant.as_ref().map(|t| t.cosine_similarity),
             worst_quant_site: self.worst_quant.as_ref().map(|t| t.site.clone()),
+            router_calls: self.router_calls,
             records_dropped: self.dropped,
             memory_limit_bytes: tracer.config.memory_limit_bytes,
             record_errors: self.record_errors,
@@ -171,6 +174,9 @@ pub struct ModelTracerSummary {
     pub worst_quant_cosine: Option<f32>,
     /// Site of the lowest cosine similarity.
     pub worst_quant_site: Option<String>,
+    /// Router calls recorded (`#[trace_router]`, `trace_router_value!`).
+    #[serde(default)]
+    pub router_calls: usize,
     /// Records counted but not kept in memory, past the tracer's memory limit.
     #[serde(default)]
     pub records_dropped: usize,
@@ -243,6 +249,9 @@ impl fmt::Display for ModelTracerSummary {
             if let (Some(cos), Some(site)) = (self.worst_quant_cosine, &self.worst_quant_site) {
                 write!(f, "\n  Worst quant cosine: {cos:.6} ({site})")?;
             }
+        }
+        if self.router_calls > 0 {
+            write!(f, "\n  Router calls: {}", self.router_calls)?;
         }
         if self.warnings > 0 {
             write!(f, "\n  Warnings: {}", self.warnings)?;
