@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 #: Tracepoint kinds, in the Rust registry's order.
-KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
+KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor", "router")
 
 #: Unicode's White_Space characters: what Rust's ``str::trim`` and ``char::is_whitespace`` take
 #: (``str.isspace`` also takes U+001C..U+001F, which Rust does not).

@@ -46,6 +46,9 @@ not compute is a warning (:class:`MissingNodeWarning`) once per node and run, ne
 gap. An architecture with no table is an error, unless ``node_table=`` (``--node-table``) names
 the table to borrow (a warning says so); the stage check below then tells whether it fits.
 
+In a GGUF with experts, each MoE layer's routing (``ffn_moe_logits-N``, ``ffn_moe_topk-N``, the
+final ``ffn_moe_weights*-N``) is written as its ``router`` event: :mod:`model_trace.llama_cpp_routing`.
+
 The stage check (``model_trace.stage_check``: ``resid_mid = input + attention branch``, ``output
 = resid_mid + MLP branch``, each norm stage a normalisation of the stage before it) runs on the
 first pass's values: a stage map that does not fit the graph raises
@@ -85,7 +88,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from . import gguf_file, precision
+from . import gguf_file, llama_cpp_routing, precision
 from .families import TABLES
 from .families.layouts import ATTN_PROJECTION, ATTN_RESIDUAL, NodeTable
 from .filter import CaptureFilter, Tracepoint
@@ -103,16 +106,17 @@ _PROJECTION_OPERAND = re.compile(r"^blk\.(\d+)\.attn_output\.(weight|bias)$")
 GGML_OP_ADD, GGML_OP_MUL_MAT, GGML_OP_GET_ROWS = 2, 29, 40
 
 
-def tracepoints(table: NodeTable) -> List[Dict[str, Any]]:
+def tracepoints(table: NodeTable, router: bool = False) -> List[Dict[str, Any]]:
     """The tracepoints a llama.cpp trace of ``table``'s architecture records (the header's
     ``tracepoints``; what capture patterns match): the pass, the layer (input and output), each
-    stage, the attention, the logits."""
+    stage, the attention, the logits, and with ``router`` (a model with experts) the router."""
     stages = [stage for stages in [table.stages] + [v for _, v in table.variants] for stage, _ in stages]
     ordered = [stage for i, stage in enumerate(stages) if stage != "output" and stage not in stages[:i]]
     site = {"function": "llama_decode", "file": "", "line": 0}
     return ([{"kind": "model", "name": "forward", **site}, {"kind": "layer", "name": "llama_layer", **site}]
             + [{"kind": "tensor", "name": stage, **site} for stage in ordered]
-            + [{"kind": "attention", "name": "kq_soft_max", **site}, {"kind": "logits", "name": "logits", **site}])
+            + [{"kind": "attention", "name": "kq_soft_max", **site}, {"kind": "logits", "name": "logits", **site}]
+            + ([dict(llama_cpp_routing.TRACEPOINT)] if router else []))
 
 
 class MissingNodeWarning(UserWarning):
@@ -123,6 +127,9 @@ class MissingNodeWarning(UserWarning):
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
+GGML_TYPE_I32 = 26
+#: The node types read, as numpy reads them: the floats, and the router's chosen expert ids.
+_NODE_DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
 
 
 class LlamaCppError(RuntimeError):
@@ -194,7 +201,7 @@ def wanted_node(name: str, table: NodeTable, layer_before: int = -1) -> Optional
     if name in table.unnumbered:
         return (name, layer_before) if layer_before >= 0 else None
     match = _NODE.match(name)
-    if match and match.group(1) in _node_names(table):
+    if match and (match.group(1) in _node_names(table) or match.group(1) in llama_cpp_routing.ROUTER_NODES):
         return match.group(1), int(match.group(2))
     return None
 
@@ -280,13 +287,13 @@ class _Nodes:
         if wanted in self.values and not structural:
             self.error = f"llama.cpp computed the node {name!r} twice in one graph run"
             return False
-        if tensor.type not in (GGML_TYPE_F32, GGML_TYPE_F16):
-            self.error = f"llama.cpp's node {name!r} has ggml type {tensor.type}, not F32 or F16"
+        dtype = _NODE_DTYPES.get(tensor.type)
+        if dtype is None:
+            self.error = f"llama.cpp's node {name!r} has ggml type {tensor.type}, not F32, F16 or I32"
             return False
         size = self.lib.ggml_nbytes(pointer)
         raw = (ctypes.c_uint8 * size)()
         self.lib.ggml_backend_tensor_get(pointer, raw, 0, size)
-        dtype = np.float32 if tensor.type == GGML_TYPE_F32 else np.float16
         # A structural match later in the layer (the bias add after the matmul) replaces the earlier.
         self.values[wanted] = row_major(np.frombuffer(raw, dtype=np.uint8), dtype, list(tensor.ne),
                                         list(tensor.nb))
@@ -409,6 +416,7 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
         L.llama_model_free(model)
         raise
     residual_multiplier = _meta(model, L, table.residual_scale) if table.residual_scale else None
+    routing = llama_cpp_routing.rule_of(model_path, architecture)
     nodes = _Nodes(_ggml_base(L), table)
     callback = L.ggml_backend_sched_eval_callback(nodes)  # kept alive as long as the context
     total = sum(len(p) for p in passes) + greedy_passes
@@ -442,7 +450,7 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
                             "device": "cpu", "precision": precision_of(model_path, kv), "extra": extra}
     meta.update(metadata or {})
     writer = TraceWriter(out, config={"trace_activations": True, "trace_attention": True, "trace_logits": True},
-                         metadata=meta, tracepoints=tracepoints(table), capture=capture)
+                         metadata=meta, tracepoints=tracepoints(table, routing.experts > 0), capture=capture)
     batch = L.llama_batch_init(max(widest, 1), 0, 1)
     chosen: List[int] = []
     try:
@@ -465,7 +473,7 @@ def run(model_path: str, passes: Sequence[Sequence[int]], out: str, *, greedy_pa
             if status != 0:
                 raise LlamaCppError(f"llama_decode returned {status} at position {position}")
             first = not chosen
-            logits, layers = _write_pass(writer, nodes, tokens, position, captures)
+            logits, layers = _write_pass(writer, nodes, tokens, position, captures, routing)
             if first:
                 _warn_missing(nodes, architecture)
                 if check_stages:
@@ -531,10 +539,10 @@ def _stage_values(nodes: _Nodes, key: Tuple[str, int], stage: str, n: int) -> np
     return values.reshape(1, n, -1)
 
 
-def _write_pass(writer: TraceWriter, nodes: _Nodes, tokens: List[int], position: int,
-                captures: CaptureFilter) -> Tuple[np.ndarray, Dict[int, Dict[str, np.ndarray]]]:
+def _write_pass(writer: TraceWriter, nodes: _Nodes, tokens: List[int], position: int, captures: CaptureFilter,
+                routing: llama_cpp_routing.RouterRule) -> Tuple[np.ndarray, Dict[int, Dict[str, np.ndarray]]]:
     """One graph run's nodes as a pass: each layer's stages, its attention over the positions
-    cached so far, and the last row's logits. Returns those logits and each layer's stage values
+    cached so far, its router (:mod:`model_trace.llama_cpp_routing`), and the last row's logits. Returns those logits and each layer's stage values
     (for the stage check). What ``captures`` selects is saved in full, as the torch tracer
     decides it: a layer's input and output by its ``layer`` tracepoint (``llama_layer``), a stage
     by its ``tensor`` tracepoint (the stage's name)."""
@@ -568,6 +576,7 @@ def _write_pass(writer: TraceWriter, nodes: _Nodes, tokens: List[int], position:
                 mine[stage] = _stage_values(nodes, key, stage, n)
                 tracepoint = ("layer", "llama_layer") if stage == "output" else ("tensor", stage)
                 writer.stage(stage, mine[stage], wants_capture=wants(*tracepoint, layer))
+        llama_cpp_routing.write_router(writer, values, layer, routing, wants("router", "ffn_moe", layer))
         writer.end_layer()
         previous = values.get(("l_out", layer))
     logits = values.get((LOGITS, -1))

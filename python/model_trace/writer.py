@@ -19,9 +19,10 @@ from .attention import AttentionRows, attention_rows_of_many
 from .floats import NumberTexts, f32_text, float_texts, integer_texts, join_rows
 from .format import (FORMAT_NAME, SAMPLE_LEN, SCHEMA_VERSION, SKETCH_DIM, STAT_FLOATS, Summary, as_f32, canonical_nan,
                      dumps, tensor_summaries, tensor_summary)
+from .routing import routing_record
 
 #: Tracepoint kinds, as the Rust registry names them.
-KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor")
+KINDS = ("model", "layer", "attention", "logits", "kv_cache", "quant", "tensor", "router")
 
 _DTYPE_NAMES = {
     "float32": "f32",
@@ -543,6 +544,31 @@ class TraceWriter:
             "logits": summary,
             "batch_rows": rows,
         })
+
+    def router(self, logits: Any, experts: Any, weights: Any, layer: int, tracepoint: str = "router",
+               function: str = "", scoring: str = "softmax", bias: Any = None,
+               groups: Optional[Tuple[int, int]] = None, wants_capture: bool = False,
+               dtype: Optional[str] = None) -> None:
+        """One router call (docs/trace-format.md, ``router``): ``logits`` ``[rows, experts]``
+        (or ``[batch, seq, experts]``), the chosen ``experts`` and their ``weights``
+        ``[rows, k]`` as the router returned them, ``scoring`` ``softmax`` or ``sigmoid``, the
+        selection ``bias`` ``[experts]`` and ``groups`` ``(n_group, topk_group)`` where the router
+        has them. The logits are summarised as given; each token's margins are computed now
+        (:func:`model_trace.routing.routing_record`, which raises
+        :class:`~model_trace.routing.RoutingError` on values that do not fit together)."""
+        record = routing_record(logits, experts, weights, scoring, bias, groups)
+        array, dtype = self._own(logits, dtype)
+        seq = self.next_seq()
+        summary = self._pending_tensor(array, dtype, self._capture_name("router", layer, wants_capture))
+        event: Dict[str, Any] = {"event": "router", "seq": seq, "pass": self.pass_index, "layer": int(layer),
+                                 "tracepoint": tracepoint, "function": function, "scoring": scoring}
+        if groups is not None:
+            event["groups"] = {"groups": int(groups[0]), "top_groups": int(groups[1])}
+        event.update({"selection_bias": bias is not None, "num_experts": record["num_experts"],
+                      "top_k": record["top_k"], "logits": summary, "tokens": record["tokens"],
+                      "load": record["load"]})
+        self._pending_numbers += sum(2 * len(t["logits"]) + 4 for t in record["tokens"])
+        self._queue(event)
 
     def _logit_rows(self, array: np.ndarray, top_k: int, rows: List[Dict[str, Any]]) -> None:
         """Appends to ``rows`` the top tokens of the next-token row of each batch row of

@@ -56,6 +56,7 @@ llama.cpp (llama-cpp-python 0.3.36, f32 KV cache) loads both GGUFs and its logit
 are within 4e-4 of transformers' (logits' std 0.16). Made once (~15 s):
 
     python python/tests/moe_models.py qwen3_moe deepseek_v3   # prints each case's directory
+    python python/tests/moe_models.py --measure   # their margins over 64 tokens, the bias's effect
 """
 
 from __future__ import annotations
@@ -201,6 +202,67 @@ def shape_routers(model) -> None:
                     bias[1] = bias[0]
 
 
+def grouped_choice(logits: Any, bias: Any, groups: int, top_groups: int, k: int) -> Any:
+    """DeepSeek-V3's choice in numpy, each row's experts sorted: sigmoid scores plus ``bias``,
+    the best ``top_groups`` groups by the sum of their two best, the top ``k`` among them (the
+    other groups masked with ``-inf``, as transformers and llama.cpp do)."""
+    import numpy as np
+
+    scores = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64))) + bias
+    by_group = scores.reshape(len(scores), groups, -1)
+    group_scores = np.sort(by_group, axis=-1)[..., -2:].sum(-1)
+    best_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, :top_groups]
+    mask = np.full(by_group.shape, -np.inf)
+    np.put_along_axis(mask, best_groups[..., None], 0.0, axis=1)
+    masked = (by_group + mask).reshape(len(scores), -1)
+    return np.sort(np.argsort(-masked, axis=-1, kind="stable")[:, :k], axis=-1)
+
+
+def measure(tokens: int = 64) -> None:
+    """Prints, for each case, the distribution of transformers' ``logit_margin`` over
+    ``tokens`` token ids (``(37 i + 11) mod 256``) and every MoE layer, and for DeepSeek-V3 how
+    many tokens' choices the selection bias changes (the same logits chosen with a zero bias)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from model_trace.routing import routing_record
+
+    ids = torch.tensor([[(37 * i + 11) % 256 for i in range(tokens)]])
+    for case, directory in cached().items():
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        outputs: Dict[int, Any] = {}
+        hooks = [gate.register_forward_hook(lambda _m, _a, out, layer=layer: outputs.__setitem__(layer, out))
+                 for layer, gate in routers(model).items()]
+        with torch.no_grad():
+            model(ids)
+        for hook in hooks:
+            hook.remove()
+        margins, changed = [], 0
+        for layer, (logits, weights, experts) in outputs.items():
+            gate = routers(model)[layer]
+            bias = getattr(gate, "e_score_correction_bias", None)
+            groups = (gate.num_group, gate.topk_group) if hasattr(gate, "num_group") else None
+            record = routing_record(logits.numpy(), experts.numpy(), weights.numpy(),
+                                    "sigmoid" if bias is not None else "softmax",
+                                    None if bias is None else bias.numpy(), groups)
+            margins += [t["logit_margin"] for t in record["tokens"]]
+            if bias is not None:
+                chosen = np.sort(experts.numpy(), axis=-1)
+                unbiased = grouped_choice(logits.numpy(), 0.0, gate.num_group, gate.topk_group, gate.top_k)
+                changed += int((unbiased != chosen).any(-1).sum())
+        values = np.array(margins)
+        counts = {f"<{bound:g}": int((values < bound).sum()) for bound in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)}
+        print(f"{case}: {values.size} choices ({tokens} tokens x {len(outputs)} layers); logit_margin quantiles "
+              f"1% {np.quantile(values, 0.01):.3g}, 10% {np.quantile(values, 0.1):.3g}, "
+              f"median {np.median(values):.3g}, 90% {np.quantile(values, 0.9):.3g}; counts {counts}")
+        if changed:
+            print(f"{case}: the selection bias changes {changed} of {values.size} choices")
+
+
 if __name__ == "__main__":
-    for name, folder in cached(sys.argv[1:] or CASES).items():
-        print(name, folder)
+    if sys.argv[1:2] == ["--measure"]:
+        measure()
+    else:
+        for name, folder in cached(sys.argv[1:] or CASES).items():
+            print(name, folder)

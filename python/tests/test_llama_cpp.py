@@ -99,6 +99,10 @@ def test_nodes_read_are_the_computed_stages_not_views_or_permuted_q_k():
     assert llama_cpp.wanted_node("result_output", llama) == ("result_output", -1)
     assert llama_cpp.wanted_node("embd", llama) == ("embd", -1)
     assert llama_cpp.wanted_node("ffn_moe_out-4", llama) == ("ffn_moe_out", 4)  # Mixtral's mlp_out
+    # The router's nodes, in every table (model_trace.llama_cpp_routing); not the argsort the top-k views.
+    assert llama_cpp.wanted_node("ffn_moe_topk-4", llama) == ("ffn_moe_topk", 4)
+    assert llama_cpp.wanted_node("ffn_moe_weights_scaled-2", llama_cpp.TABLES["qwen2"]) == ("ffn_moe_weights_scaled", 2)
+    assert llama_cpp.wanted_node("ffn_moe_argsort-4", llama) is None
     for name in ["Qcur-3", "Kcur-3", "kqv_out-3", "attn_out-3 (view)", "cache_k_l3 (view) (permuted)", "norm-3",
                  "node_1073", "result_norm", "inp_scaled", "sa_out-3", "Qcur_normed-3"]:
         assert llama_cpp.wanted_node(name, llama) is None, name
@@ -127,7 +131,8 @@ def test_each_architecture_names_its_own_nodes():
     assert dict(falcon.stages_for({"attn_norm", "attn_norm_2"}))["mlp_in"] == ("attn_norm",)
     assert "resid_mid" not in dict(falcon.stages)  # parallel: no stream between the sub-blocks
     assert set(llama_cpp.TABLES) == {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3",
-                                     "phi3", "olmo2", "granite", "starcoder2", "stablelm", "falcon", "gpt2"}
+                                     "phi3", "olmo2", "granite", "starcoder2", "stablelm", "falcon", "gpt2",
+                                     "deepseek2"}
 
 
 def test_an_architecture_without_a_table_is_an_error_unless_one_is_borrowed():

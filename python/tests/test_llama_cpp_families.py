@@ -96,7 +96,12 @@ WRITTEN_OUT = {
     "falcon_new": ("falcon", ["input", "attn_in", "mlp_in", "attn_out", "mlp_out", "output"],
                    PARALLEL_IDENTITIES | {"mlp_in = norm(input)"}),
     "gpt2": ("gpt2", PRE_NORM, PRE_NORM_IDENTITIES),
+    "deepseek_v3": ("deepseek2", PRE_NORM, PRE_NORM_IDENTITIES),
 }
+
+#: The layers of each tiny model whose MLP is a mixture of experts: a router event each on
+#: llama.cpp's side (the others: none). DeepSeek-V3's layer 0 is dense (``first_k_dense_replace``).
+ROUTED = {"mixtral": [0, 1], "qwen2_moe": [0, 1], "qwen3_moe": [0, 1], "deepseek_v3": [1]}
 
 TOKENS = [1, 2, 3, 4, 5, 6]
 
@@ -154,6 +159,9 @@ def test_llama_cpp_runs_the_node_table_and_the_stage_check_holds(case, ggufs, tm
         assert [s["name"] for s in event["stages"]] == stages, event["layer"]
     attention = [e for e in events if e["event"] == "attention"]
     assert [e["layer"] for e in attention] == [0, 1]
+    routers = [e for e in events if e["event"] == "router"]
+    assert [e["layer"] for e in routers] == ROUTED.get(case, [])
+    assert all(t["margin"] >= 0 and len(t["experts"]) == e["top_k"] for e in routers for t in e["tokens"])
     report = stage_check.check_captured_trace(str(out))
     assert not report.failures, [str(f) for f in report.failures]
     assert {o.identity for o in report.checked} == identities

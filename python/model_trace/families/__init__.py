@@ -70,7 +70,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from .inference import (ATTENTION, IGNORED, MLP, NORM, UNKNOWN, Call, InferenceError, architecture_source, infer,
                         kind_of)
 from .layouts import (ATTN_PROJECTION, ATTN_RESIDUAL, H_LAYERS, HEADS_FIRST, LAYERS, PRE_NORM_QK_STAGES,
-                      PRE_NORM_STAGES, SANDWICH_STAGES, Architecture, NodeTable, StageSource, TinyModel)
+                      PRE_NORM_STAGES, SANDWICH_STAGES, Architecture, NodeTable, Router, StageSource, TinyModel)
 
 #: The modules of this package that are not family files: the declared types and shared
 #: layouts, the inference of unknown block classes, the module names and the Rust presets.
@@ -162,6 +162,6 @@ def stage_table(families: Sequence[Architecture] = FAMILIES) -> str:
 
 __all__ = ["ATTENTION", "ATTN_PROJECTION", "ATTN_RESIDUAL", "FAMILIES", "FAMILY_FILES", "H_LAYERS", "HEADS_FIRST",
            "IGNORED", "LAYERS", "MLP", "NORM", "PRESETS", "PRE_NORM_QK_STAGES", "PRE_NORM_STAGES", "SANDWICH_STAGES",
-           "SHARED_MODULES", "TABLES", "UNKNOWN", "Architecture", "Call", "InferenceError", "NodeTable", "StageSource",
-           "TinyModel", "architecture_source", "choose", "family_name", "gguf_architecture", "infer", "kind_of",
+           "SHARED_MODULES", "TABLES", "UNKNOWN", "Architecture", "Call", "InferenceError", "NodeTable", "Router",
+           "StageSource", "TinyModel", "architecture_source", "choose", "family_name", "gguf_architecture", "infer", "kind_of",
            "known", "stage_table", "tiny_models", *PRESETS]

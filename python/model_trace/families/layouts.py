@@ -22,6 +22,24 @@ StageSource = Tuple[str, ...]
 HEADS_FIRST = "heads_first"
 
 
+@dataclass(frozen=True)
+class Router:
+    """A block's mixture-of-experts router, as transformers 5 has it: a submodule whose forward
+    returns ``(router_logits, weights, expert indices)`` (``Qwen3MoeTopKRouter``,
+    ``MixtralTopKRouter``, ``DeepseekV3TopkRouter``), recorded as a ``router`` event per call.
+
+    ``module``: its path relative to the block (a block without it, a dense layer of a model
+    with both, records none). ``scoring``: ``"softmax"`` or ``"sigmoid"``, how its logits become
+    the scores experts are chosen by. ``bias``: the router's attribute holding the selection
+    bias (DeepSeek-V3's ``e_score_correction_bias``), if any. ``groups``: the router's attributes
+    holding ``(n_group, topk_group)`` of a grouped top-k, if any."""
+
+    module: str = "mlp.gate"
+    scoring: str = "softmax"
+    bias: Optional[str] = None
+    groups: Optional[Tuple[str, str]] = None
+
+
 @dataclass
 class Architecture:
     """Where a model's blocks and stages are.
@@ -35,6 +53,7 @@ class Architecture:
     ``when``: config attribute -> value, all of which must hold for this preset to be chosen
     (variants of one block class). ``config_metadata``: config attributes written into the
     header's ``metadata.extra`` (Granite's ``residual_multiplier``, which the stage check reads).
+    ``router``: the block's mixture-of-experts router (:class:`Router`), if it has one.
     """
 
     name: str
@@ -45,6 +64,7 @@ class Architecture:
     layer_class: Optional[str] = None
     when: Dict[str, Any] = field(default_factory=dict)
     config_metadata: Tuple[str, ...] = ()
+    router: Optional[Router] = None
 
     def applies_to(self, config: Any) -> bool:
         """Whether ``when`` holds on ``config`` (a transformers config; its text config for a

@@ -75,12 +75,15 @@ def config_value(config: Any, key: str) -> Any:
 
 
 def tracepoints(model: Any, layers: List[Block], architecture: Architecture) -> List[Dict[str, Any]]:
-    """The header's tracepoints: the model's forward, its blocks, each stage."""
+    """The header's tracepoints: the model's forward, its blocks, each stage, the router."""
     found = [{"kind": "model", "name": "forward", "function": type(model).__name__, "file": "", "line": 0}]
     found += [{"kind": "layer", "name": type(layers[0][2]).__name__, "function": name, "file": "", "line": 0}
               for _, name, _ in layers[:1]]
     found += [{"kind": "tensor", "name": stage, "function": source[0], "file": "", "line": 0}
               for stage, source in architecture.stages.items()]
+    if architecture.router is not None:
+        found.append({"kind": "router", "name": architecture.router.module, "function": architecture.router.module,
+                      "file": "", "line": 0})
     return found
 
 

@@ -11,7 +11,7 @@ from ..families import HEADS_FIRST, Architecture
 from ..families.name_maps import module_stage
 from ..filter import CaptureFilter, Tracepoint
 from ..writer import Pending, TraceWriter
-from . import host
+from . import host, routers
 from .blocks import Block, Submodules, blocks_of, config_value, first_tensor, output_head, tracepoints
 from .first_pass_check import FirstPassCheck
 from .host import HostCopy, copied_later
@@ -62,7 +62,8 @@ def trace(
     ``"layer:*,pass=0"``): full tensors saved beside the trace. A hooked module's tracepoint, as
     the patterns see it: its kind; its name (a layer: the block's class, ``LlamaDecoderLayer``;
     a stage: the stage's name; attention: the submodule's path in the block, ``self_attn``;
-    logits: the head's path, ``lm_head``); as its function, the module's path in
+    logits: the head's path, ``lm_head``; a mixture-of-experts router, recorded as a ``router``
+    event per call (:mod:`model_trace.torch.routers`): its path in the block, ``mlp.gate``); as its function, the module's path in
     ``model.named_modules()`` (``model.layers.3.self_attn``) and as its module the model's class,
     so that a ``::`` glob matches ``LlamaForCausalLM::model.layers.3.self_attn``; no file and
     line 0, so ``@file`` patterns match none of them. Attention probabilities need
@@ -215,6 +216,7 @@ class Run:
         self.record_attention, self.replay, self.check = record_attention, replay, check
         self.layer_name = type(layers[0][2]).__name__
         self.handles: List[Any] = []
+        self.routers = routers.RouterRecorder(self)
         writer.stage_check = check
 
     def remove(self) -> None:
@@ -336,6 +338,11 @@ class Run:
                 raise ValueError(f"model_trace.torch: {path} has no submodule {source[0]!r} (stage {stage!r} of the "
                                  f"{architecture.name!r} architecture)")
             self.handles.append(self._stage_hook(module, stage, source, index, f"{path}.{source[0]}"))
+        router = architecture.router
+        module = modules.get(router.module) if router is not None else None
+        if module is not None:  # a dense layer of a model with both has none
+            self.handles.append(module.register_forward_hook(
+                self.routers.hook(router, module, index, f"{path}.{router.module}")))
 
     def _attention_hook(self, index: int, attention_sub: str, attention_path: str, position: int) -> Any:
         def on_attention(_module: Any, _args: Any, output: Any) -> None:
