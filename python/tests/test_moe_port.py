@@ -1,8 +1,9 @@
 """Our mixture-of-experts port (``examples/moe``, candle) against transformers on the two small
 random models of ``moe_models.py``, router by router: the clean port chooses the reference's
 experts on every token whose reference margin is above the port's router-logit error (every
-difference a ``near-tie``), and each routing bug of ``moe::bugs``, injected in one layer, is
-named by ``model-trace diff`` at that layer as a routing or a weighting difference.
+difference a ``near-tie``), each routing bug of ``moe::bugs``, injected in one layer, is named
+by ``model-trace diff`` at that layer as a routing or a weighting difference, and a router in
+bf16 flips near-ties only.
 
 Both sides run the same passes over ``IDS``: a prefill of all but the last ``DECODE`` ids, then
 one decode step through the KV cache for each of those (given, not generated, so that a port
@@ -105,13 +106,14 @@ def trace_transformers(model_dir, out):
     return out
 
 
-def trace_port(directory, model_dir, name, bug=None):
-    """The port's passes over ``IDS``, traced, with ``bug`` injected in ``LAYER``."""
+def trace_port(directory, model_dir, name, bug=None, at=LAYER):
+    """The port's passes over ``IDS``, traced, with ``bug`` injected in layer ``at`` (``None``:
+    in every layer)."""
     out = directory / f"{name}.ndjson"
     args = ["--model", str(model_dir), "--tokens", ",".join(map(str, IDS)), "--decode-steps", str(DECODE),
             "--trace-out", str(out)]
     if bug:
-        args = ["--inject-bug", f"{bug}@{LAYER}", *args]
+        args = ["--inject-bug", bug if at is None else f"{bug}@{at}", *args]
     run_example("moe", args, cwd=directory)
     return out
 
@@ -198,17 +200,18 @@ def test_each_routing_bug_is_named_at_its_layer(models, bug, variant, verdict):
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe", "deepseek_v3"])
-def test_a_bf16_router_is_told_apart_by_its_logit_error(models, case):
-    """Router logits in bf16: an error of ~1e-2 where the clean port's is ~1e-7, so that the
-    choices it flips are near-ties by that error and the weights within it."""
+def test_a_bf16_router_flips_near_ties_only(models, case):
+    """Router logits in bf16 in every layer (vllm #58076): a logit error of ~1e-2 where the clean
+    port's is ~1e-6, which flips the closest choices (Qwen's near-tie pair in
+    ``NEAR_TIE_LAYER``: 2 tokens; DeepSeek-V3's closest margin, 1e-3 in layer 3: 1 token), each
+    a near-tie by that error, and moves no weight past it."""
     directory, made = models
     model_dir, reference = made[case]
-    clean = trace_port(directory, model_dir, f"{case}-clean-bf16-floor")
-    bf16 = trace_port(directory, model_dir, f"{case}-router-bf16", "router-bf16")
-    rows = {}
-    for name, port in (("clean", clean), ("bf16", bf16)):
-        _, report = diff(reference, port)
-        rows[name] = next(row for row in report["routing"]["layers"] if row["layer"] == LAYER)
-    assert rows["clean"]["max_logit_error"] < 1e-5, rows["clean"]
-    assert rows["bf16"]["max_logit_error"] > 1e-3, rows["bf16"]
-    assert rows["bf16"]["divergences"] == 0, rows["bf16"]
+    _, report = diff(reference, trace_port(directory, model_dir, f"{case}-router-bf16", "router-bf16", at=None))
+    routing = report["routing"]
+    assert routing["near_ties"] >= 1 and routing["differing"] == routing["near_ties"], routing
+    assert routing["divergences"] == routing["weights_differ"] == 0, routing
+    assert set(layer_verdicts(report).values()) <= set(AGREE), layer_verdicts(report)
+    assert all(row["max_logit_error"] > 1e-3 for row in routing["layers"]), routing["layers"]
+    first = routing["first_difference"]
+    assert first["verdict"] == "near_tie" and first["reference_logit_margin"] < first["logit_error"], first
