@@ -593,24 +593,26 @@ mod tests {
         assert!(margin_at(t.logit_margin * 1.001) < 0.0);
     }
 
-    /// 8 experts in 4 groups of 2, 2 groups chosen, 2 experts; sigmoid scores with a bias.
-    fn grouped_case() -> ([f32; 8], [f32; 8]) {
-        let logits = [2.0, 1.5, 0.5, -2.0, 1.8, -0.5, 2.6, -1.0];
-        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        (logits, bias)
+    /// 8 experts in 4 groups of 2; 2 experts chosen.
+    const GROUPED_LOGITS: [f32; 8] = [2.0, 1.5, 0.5, -2.0, 1.8, -0.5, 2.6, -1.0];
+    /// A bias of zeros: the numeric path, with the scores of no bias.
+    const ZERO_BIAS: [f32; 8] = [0.0; 8];
+
+    /// Sigmoid scores, 4 groups of 2, `top_groups` of them chosen.
+    fn grouped(top_groups: usize) -> RoutingRule<'static> {
+        RoutingRule {
+            scoring: RouterScoring::Sigmoid,
+            bias: Some(&ZERO_BIAS),
+            groups: Some(ExpertGroups {
+                groups: 4,
+                top_groups,
+            }),
+        }
     }
 
     #[test]
     fn grouped_top_k_finds_the_runner_up_in_the_chosen_groups_only() {
-        let (logits, bias) = grouped_case();
-        let rule = RoutingRule {
-            scoring: RouterScoring::Sigmoid,
-            bias: Some(&bias),
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 2,
-            }),
-        };
+        let (logits, rule) = (GROUPED_LOGITS, grouped(2));
         let s = |e: usize| sigmoid(f64::from(logits[e]));
         // group scores: g0 = s0 + s1, g1 = s2 + s3, g2 = s4 + s5, g3 = s6 + s7; g0 and g2 win
         let group = [s(0) + s(1), s(2) + s(3), s(4) + s(5), s(6) + s(7)];
@@ -632,28 +634,13 @@ mod tests {
 
     #[test]
     fn a_chosen_expert_outside_the_best_groups_gives_a_negative_group_margin() {
-        let (logits, bias) = grouped_case();
-        let rule = RoutingRule {
-            scoring: RouterScoring::Sigmoid,
-            bias: Some(&bias),
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 2,
-            }),
-        };
+        let (logits, rule) = (GROUPED_LOGITS, grouped(2));
         // experts 0 and 2: groups 0 and 1, where the router should have chosen 0 and 2
         let t = token(&rule, &logits, &[0, 2]);
         assert!(t.group_margin.unwrap() < 0.0, "{t:?}");
         assert_eq!(t.logit_margin, 0.0);
         // every group chosen: no group margin, the expert pair alone
-        let all = RoutingRule {
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 4,
-            }),
-            ..rule
-        };
-        let t = token(&all, &logits, &[6, 0]);
+        let t = token(&grouped(4), &logits, &[6, 0]);
         assert_eq!((t.group_margin, t.runner_up), (None, Some(4)));
         assert!((t.logit_margin - 0.1).abs() < 1e-6, "{t:?}");
     }
