@@ -2,8 +2,11 @@
 random models of ``moe_models.py``, router by router: the clean port chooses the reference's
 experts on every token whose reference margin is above the port's router-logit error (every
 difference a ``near-tie``), each routing bug of ``moe::bugs``, injected in one layer, is named
-by ``model-trace diff`` at that layer as a routing or a weighting difference, and a router in
-bf16 flips near-ties only.
+by ``model-trace diff`` at that layer as a routing or a weighting difference, or (a router in
+bf16) by its own router logits, whose flips are near-ties; no layer after the bug's is named for
+its router logits or its experts' computation (they inherit). Three ways: llama.cpp traced on
+the same passes routes every token as transformers does, and with it as ``--floor`` the clean
+port is flagged nowhere while the bugs still are.
 
 Both sides run the same passes over ``IDS``: a prefill of all but the last ``DECODE`` ids, then
 one decode step through the KV cache for each of those (given, not generated, so that a port
@@ -16,8 +19,9 @@ a chosen group's selection scores are negative and a masked expert's 0 beats the
 DeepSeek-V3's positive scores, 0 and ``-inf`` mask alike).
 
 Cost (measured on 2 shared cores, the models cached, ``pytest --durations``): the whole file
-9 s, of which the five transformers traces of the fixture 5-7 s and each test under 0.1 s (a
-port run of milliseconds and a diff); the binaries are the suite's test build's.
+8-9 s, of which the five transformers traces of the fixture 5-7 s, each three-way test 0.2 s
+(llama.cpp's four passes and three diffs) and each other test under 0.1 s (a port run of
+milliseconds and a diff); the binaries are the suite's test build's.
 """
 
 import json
@@ -230,7 +234,8 @@ def test_a_bf16_router_is_named_by_its_logits_and_its_flips_are_near_ties(models
     each a near-tie by that error, and no weight moves past it."""
     directory, made = models
     model_dir, reference = made[case]
-    _, report = diff(reference, trace_port(directory, model_dir, f"{case}-router-bf16", "router-bf16", at=None))
+    _, report = diff(reference, trace_port(directory, model_dir, f"{case}-router-bf16-every-layer", "router-bf16",
+                                                at=None))
     routing = report["routing"]
     assert routing["near_ties"] >= 1 and routing["differing"] == routing["near_ties"], routing
     assert routing["divergences"] == routing["weights_differ"] == 0, routing
