@@ -2,8 +2,11 @@
 random models of ``moe_models.py``, router by router: the clean port chooses the reference's
 experts on every token whose reference margin is above the port's router-logit error (every
 difference a ``near-tie``), each routing bug of ``moe::bugs``, injected in one layer, is named
-by ``model-trace diff`` at that layer as a routing or a weighting difference, and a router in
-bf16 flips near-ties only.
+by ``model-trace diff`` at that layer as a routing or a weighting difference, or (a router in
+bf16) by its own router logits, whose flips are near-ties; no layer after the bug's is named for
+its router logits or its experts' computation (they inherit). Three ways: llama.cpp traced on
+the same passes routes every token as transformers does, and with it as ``--floor`` the clean
+port is flagged nowhere while the bugs still are.
 
 Both sides run the same passes over ``IDS``: a prefill of all but the last ``DECODE`` ids, then
 one decode step through the KV cache for each of those (given, not generated, so that a port
@@ -16,8 +19,9 @@ a chosen group's selection scores are negative and a masked expert's 0 beats the
 DeepSeek-V3's positive scores, 0 and ``-inf`` mask alike).
 
 Cost (measured on 2 shared cores, the models cached, ``pytest --durations``): the whole file
-9 s, of which the five transformers traces of the fixture 5-7 s and each test under 0.1 s (a
-port run of milliseconds and a diff); the binaries are the suite's test build's.
+8-9 s, of which the five transformers traces of the fixture 5-7 s, each three-way test 0.2 s
+(llama.cpp's four passes and three diffs) and each other test under 0.1 s (a port run of
+milliseconds and a diff); the binaries are the suite's test build's.
 """
 
 import json
@@ -50,8 +54,9 @@ VARIANTS = {
 }
 
 #: Each bug with the model it shows on and the layer verdict of ``diff`` at ``LAYER``: ``routing``
-#: (a token chose other experts by more than the port's logit error) or ``weights`` (the same
-#: experts, weights past that error).
+#: (a token chose other experts by more than the port's logit error), ``weights`` (the same
+#: experts, weights past that error) or ``router_logits`` (the router's logits beyond the stages'
+#: tolerance, rtol 1e-4, from an input within it: its own computation).
 BUGS = [
     ("softmax-after-topk", "qwen3_moe-no-norm", "weights"),
     ("renormalize", "qwen3_moe-no-norm", "weights"),
@@ -64,6 +69,8 @@ BUGS = [
     ("softmax-for-sigmoid", "deepseek_v3", "routing"),
     ("experts-off-by-one", "qwen3_moe", "routing"),
     ("experts-off-by-one", "deepseek_v3", "routing"),
+    ("router-bf16", "qwen3_moe", "router_logits"),
+    ("router-bf16", "deepseek_v3", "router_logits"),
 ]
 
 #: Layer verdicts that say the routing agrees (within the port's error).
@@ -115,6 +122,16 @@ def trace_port(directory, model_dir, name, bug=None, at=LAYER):
     if bug:
         args = ["--inject-bug", bug if at is None else f"{bug}@{at}", *args]
     run_example("moe", args, cwd=directory)
+    return out
+
+
+def trace_llama_cpp(model_dir, out):
+    """llama.cpp's passes over ``IDS`` (the GGUF of ``moe_models``, F32, and an F32 KV cache):
+    the prefill, then the decode steps, as the other two sides run them."""
+    from model_trace import llama_cpp
+
+    passes = [list(IDS[:-DECODE]), *([token] for token in IDS[-DECODE:])]
+    llama_cpp.run(str(moe_models.gguf(model_dir)), passes, str(out), kv="f32")
     return out
 
 
@@ -191,8 +208,17 @@ def test_each_routing_bug_is_named_at_its_layer(models, bug, variant, verdict):
     if verdict == "routing":
         first = report["routing"]["first_divergence"]
         assert (first["pass"], first["layer"], first["verdict"]) == (0, LAYER, "divergence"), first
-    else:
+    elif verdict == "weights":
         assert row["divergences"] == 0 and row["weights_differ"] > 0, row
+    else:
+        assert row["divergences"] == row["weights_differ"] == 0, row
+        logits = row["router_logits"]
+        assert logits["own_error"] and logits["input"] == "within" and logits["ratio"] > 10, logits
+    # The later layers' routers are the clean port's: whatever they inherit, none is named for
+    # its own logits, and no layer blames its experts (every bug is in a router).
+    assert all(verdicts[layer] != "router_logits" for layer in verdicts if layer > LAYER), verdicts
+    rows = report["routing"]["layers"]
+    assert not any(row["computation_not_choice"] for row in rows), [(r["layer"], r["mlp_out_gain"]) for r in rows]
     # Before the router, the layer is the clean port's: the stages diverge from mlp_out on.
     assert code == 1
     first = report["first_divergence"]
@@ -200,18 +226,61 @@ def test_each_routing_bug_is_named_at_its_layer(models, bug, variant, verdict):
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe", "deepseek_v3"])
-def test_a_bf16_router_flips_near_ties_only(models, case):
+def test_a_bf16_router_is_named_by_its_logits_and_its_flips_are_near_ties(models, case):
     """Router logits in bf16 in every layer (vllm #58076): a logit error of ~1e-2 where the clean
-    port's is ~1e-6, which flips the closest choices (Qwen's near-tie pair in
-    ``NEAR_TIE_LAYER``: 2 tokens; DeepSeek-V3's closest margin, 1e-3 in layer 3: 1 token), each
-    a near-tie by that error, and moves no weight past it."""
+    port's is ~1e-6. The first MoE layer's router, its input within the tolerance, is named by
+    its own logits (``router_logits``); the flips, the closest choices (Qwen's near-tie pair in
+    ``NEAR_TIE_LAYER``: 2 tokens; DeepSeek-V3's closest margin, 1e-3 in layer 3: 1 token), are
+    each a near-tie by that error, and no weight moves past it."""
     directory, made = models
     model_dir, reference = made[case]
-    _, report = diff(reference, trace_port(directory, model_dir, f"{case}-router-bf16", "router-bf16", at=None))
+    _, report = diff(reference, trace_port(directory, model_dir, f"{case}-router-bf16-every-layer", "router-bf16",
+                                                at=None))
     routing = report["routing"]
     assert routing["near_ties"] >= 1 and routing["differing"] == routing["near_ties"], routing
     assert routing["divergences"] == routing["weights_differ"] == 0, routing
-    assert set(layer_verdicts(report).values()) <= set(AGREE), layer_verdicts(report)
+    verdicts = layer_verdicts(report)
+    assert verdicts[min(verdicts)] == "router_logits", verdicts
+    assert set(verdicts.values()) <= {"router_logits", *AGREE}, verdicts
     assert all(row["max_logit_error"] > 1e-3 for row in routing["layers"]), routing["layers"]
     first = routing["first_difference"]
     assert first["verdict"] == "near_tie" and first["reference_logit_margin"] < first["logit_error"], first
+    print(f"{case}: {verdicts}")
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "deepseek_v3"])
+def test_three_ways_with_llama_cpp_as_the_floor(models, case):
+    """The three sides on the same tokens: llama.cpp routes every token as transformers does
+    (the same experts, weights within its logit error); with llama.cpp as the floor, the clean
+    port is flagged nowhere, and a routing bug and a bf16 router are still named at their layer
+    (their differences far past llama.cpp's own)."""
+    pytest.importorskip("llama_cpp")
+    directory, made = models
+    model_dir, reference = made[case]
+    llama = trace_llama_cpp(model_dir, directory / f"{case}.llama_cpp.ndjson")
+    code, alone = diff(reference, llama)
+    routing = alone["routing"]
+    assert code == 0 and routing["tokens"] == routing["other_calls"] // (DECODE + 1) * len(IDS), routing
+    assert routing["divergences"] == routing["weights_differ"] == 0, routing
+    assert set(layer_verdicts(alone).values()) <= set(AGREE), layer_verdicts(alone)
+    error = max(row["max_logit_error"] for row in routing["layers"])
+    print(f"{case}: llama.cpp against transformers: {routing['tokens'] - routing['differing']} of "
+          f"{routing['tokens']} tokens chose the same experts, {routing['near_ties']} near-ties; "
+          f"router-logit error up to {error:.1e}")
+
+    def with_floor(name, bug=None):
+        port = trace_port(directory, model_dir, f"{case}-{name}", bug)
+        code, report = diff(reference, port, "--floor", str(llama))
+        assert report["routing"]["floor_calls"] == report["routing"]["reference_calls"], report["routing"]
+        return code, report, {row["layer"]: row for row in report["routing"]["layers"]}
+
+    code, report, rows = with_floor("clean")
+    assert code == 0 and report["first_divergence"] is None, report["first_divergence"]
+    assert not any(row["flagged"] for row in rows.values()), rows
+    for name, bug, verdict in (("floor-off-by-one", "experts-off-by-one", "routing"),
+                               ("floor-bf16", "router-bf16", "router_logits")):
+        code, report, rows = with_floor(name, bug)
+        assert code == 1 and (report["first_divergence"]["layer"], report["first_divergence"]["stage"]) == (
+            LAYER, "mlp_out"), report["first_divergence"]
+        assert (rows[LAYER]["verdict"], rows[LAYER]["flagged"]) == (verdict, True), rows[LAYER]
+        assert not any(row["flagged"] for layer, row in rows.items() if layer < LAYER), rows
