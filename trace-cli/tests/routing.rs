@@ -728,6 +728,13 @@ fn router_logits_off_from_an_input_within_the_tolerance_are_the_routers_own() {
         "0.15",
     ]);
     assert_eq!(verdicts(&json["routing"]), ["same", "near_ties", "same"]);
+    // An override by the router logits' name applies to them, and is no unused override.
+    let (_, json) = diff_json(&[&reference, &other, "--rtol", "layer.1.router_logits:0.15"]);
+    let routing = &json["routing"];
+    assert_eq!(verdicts(routing)[1], "near_ties");
+    assert_eq!(verdicts(routing)[0], "router_logits");
+    let warnings = json["warnings"].to_string();
+    assert!(!warnings.contains("router_logits"), "{warnings}");
 }
 
 #[test]

@@ -222,6 +222,16 @@ impl Findings {
             None
         };
         let position = passes[0].as_ref().and_then(|p| p.position);
+        // The router logits are judged under `layer.N.router_logits`: an override of that
+        // name matched something.
+        let layers: Vec<usize> = routers(0)
+            .unwrap_or_default()
+            .iter()
+            .map(|call| call.layer)
+            .collect();
+        for layer in layers {
+            self.saw(layer, "router_logits");
+        }
         self.routing
             .pass(pass, position, [routers(0), routers(1), floor]);
     }
