@@ -205,6 +205,30 @@ mod enabled {
     }
 
     #[test]
+    fn a_trace_file_reads_back_to_the_events_recorded_in_memory() {
+        let path =
+            std::env::temp_dir().join(format!("model-trace-routers-{}.ndjson", std::process::id()));
+        let session = Session::builder(ModelTracerConfig::full())
+            .trace_file(&path)
+            .in_memory(true)
+            .start()
+            .expect("starts");
+        Moe { bias: vec![0.0; 4] }.forward(&[1.0]);
+        grouped(1, &EXPERTS);
+        let tracer = session.finish();
+        let mut reader = model_trace::TraceReader::open(&path).expect("a trace file");
+        let read: Vec<model_trace::RouterEvent> = (&mut reader)
+            .filter_map(|event| match event.expect("every line reads") {
+                model_trace::Event::Router(router) => Some(router),
+                _ => None,
+            })
+            .collect();
+        assert!(reader.unknown_events().is_empty());
+        assert_eq!(read, tracer.routers());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn routers_are_off_when_the_configuration_says_so() {
         let config = ModelTracerConfig {
             trace_router: false,

@@ -122,7 +122,9 @@ proptest! {
             Just(r#"{"event":"layer","seq":-1}"#.to_owned()),
             Just(r#"{"event":"layer","seq":1e400,"pass":0}"#.to_owned()),
             Just(r#"{"event":"pass_end","seq":NaN}"#.to_owned()),
-            Just(r#"{"event":"mystery","seq":1}"#.to_owned()),
+            // (an unknown kind, `{"event":"mystery"}`, is skipped from schema 3 on: the
+            // reader's own tests hold that)
+            Just(r#"{"event":"mystery","seq":1"#.to_owned()),
             Just(r#"{"seq":1}"#.to_owned()),
             Just("[1,2,3]".to_owned()),
             Just(format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000))),

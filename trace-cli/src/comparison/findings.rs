@@ -2,7 +2,7 @@
 //! (the floor's with the reference's first, for the tolerances it sets), and kept only as far
 //! as the report needs.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 use trace_runtime::compare::{
@@ -12,7 +12,7 @@ use trace_runtime::compare::{
 use trace_runtime::{CaptureError, CaptureFiles};
 
 use super::floor::{NoFloor, TensorFloor, TensorJudgement, TensorWithoutFloor};
-use super::routing::RoutingComparison;
+use super::routing::{LayerStages, RoutingComparison};
 use super::split::{PassSplit, Splitter};
 use super::stream::{PassTensors, ReaderTally};
 use super::tokens::{Choices, PassLogits};
@@ -69,8 +69,9 @@ pub(super) struct Findings {
     pub(super) first_is_first_compared: bool,
     /// The routers of the traces compared, pass by pass.
     pub(super) routing: RoutingComparison,
-    /// The layers whose `mlp_out` diverged in some pass (for the routing's verdicts).
-    mlp_out_diverged: BTreeSet<usize>,
+    /// What each layer's `mlp_in` and `mlp_out` did over the passes (for the routing's
+    /// verdicts).
+    layer_stages: BTreeMap<usize, LayerStages>,
 }
 
 /// How many compared tensors had each verdict.
@@ -147,6 +148,7 @@ impl Findings {
             track_names: !(t.atol_overrides.is_empty()
                 && t.rtol_overrides.is_empty()
                 && t.error_stat_overrides.is_empty()),
+            routing: RoutingComparison::new(t.clone()),
             ..Self::default()
         }
     }
@@ -447,9 +449,6 @@ impl Findings {
             row.worst_ratio = row.worst_ratio.max(pair.ratio());
             if pair.verdict.is_divergence() {
                 row.diverged += 1;
-                if pair.name == "mlp_out" {
-                    self.mlp_out_diverged.insert(pair.layer);
-                }
                 let fed = self.inputs_fed && pair.name == "input";
                 if self.first.is_none() && !fed {
                     self.first = Some(judged.clone());
@@ -457,7 +456,36 @@ impl Findings {
                 }
             }
         }
+        self.note_layer_stages(pairs);
         row
+    }
+
+    /// Notes what each layer's `mlp_in` and `mlp_out` did in one pass: their ratios (error
+    /// over what the tolerance allows), and where `mlp_out` diverged, how many times its
+    /// ratio is `mlp_in`'s (a divergence of the layer's own is far more than its input's).
+    fn note_layer_stages(&mut self, pairs: &[TensorJudgement]) {
+        let ratios = |name: &str| -> BTreeMap<usize, (f64, bool)> {
+            (pairs.iter())
+                .filter(|judged| judged.pair.name == name)
+                .map(|judged| {
+                    let pair = &judged.pair;
+                    (pair.layer, (pair.ratio(), pair.verdict.is_divergence()))
+                })
+                .collect()
+        };
+        let (mlp_in, mlp_out) = (ratios("mlp_in"), ratios("mlp_out"));
+        for (&layer, &(ratio, _)) in &mlp_in {
+            let stages = self.layer_stages.entry(layer).or_default();
+            stages.mlp_in_ratio = Some(stages.mlp_in_ratio.map_or(ratio, |r| r.max(ratio)));
+        }
+        for (&layer, &(ratio, diverged)) in &mlp_out {
+            let stages = self.layer_stages.entry(layer).or_default();
+            stages.mlp_out_diverged |= diverged;
+            if let (true, Some(&(input, _))) = (diverged, mlp_in.get(&layer)) {
+                let gain = ratio / input;
+                stages.mlp_out_gain = Some(stages.mlp_out_gain.map_or(gain, |g| g.max(gain)));
+            }
+        }
     }
 
     /// What is known only at the end: overrides that matched nothing, tensors out of order.
@@ -491,8 +519,7 @@ impl Findings {
         if self.table.pass.is_none() {
             self.table.pass = self.table.requested;
         }
-        self.routing
-            .finish(&self.mlp_out_diverged, self.floor_factor.is_some());
+        self.routing.finish(&self.layer_stages, self.floor_factor);
     }
 }
 

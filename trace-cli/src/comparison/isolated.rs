@@ -176,7 +176,7 @@ impl<'a> LocalErrors<'a> {
                     out,
                     "{} pass {}, layer {}, row {}: fed the reference's input, this layer's router \
                      chose experts {:?} where the reference chose {:?}, by a logit margin of \
-                     {:.3e} against an error of {:.3e}",
+                     {:.3e} against an error of {}",
                     colors.bad("first router wrong on its own:"),
                     token.pass.map_or_else(|| "-".to_owned(), |p| p.to_string()),
                     token.layer,
@@ -184,7 +184,10 @@ impl<'a> LocalErrors<'a> {
                     token.other_experts,
                     token.reference_experts,
                     token.reference_logit_margin,
-                    token.logit_error
+                    token.logit_error.map_or_else(
+                        || "unknown (no expert listed by both)".to_owned(),
+                        |e| format!("{e:.3e}")
+                    )
                 );
             }
             None => {

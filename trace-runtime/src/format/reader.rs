@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::golden::{golden_header, GoldenDecoder};
 use crate::record::{Event, EventKind, TraceHeader, FORMAT_NAME, SCHEMA_VERSION};
@@ -137,6 +137,8 @@ pub struct TraceReader<R> {
     bytes_read: u64,
     /// For a golden file: its lines' decoder, and the events of a line not yet handed out.
     golden: Option<(GoldenDecoder, VecDeque<Event>)>,
+    /// Events of kinds this reader does not know, passed over (schema 3 on), by kind.
+    unknown_events: BTreeMap<String, usize>,
 }
 
 impl<R> fmt::Debug for TraceReader<R> {
@@ -179,6 +181,7 @@ impl<R: BufRead> TraceReader<R> {
             done: false,
             bytes_read: 0,
             golden: None,
+            unknown_events: BTreeMap::new(),
         };
         let complete = match reader.next_line()? {
             Some(complete) => complete,
@@ -197,6 +200,14 @@ impl<R: BufRead> TraceReader<R> {
     /// The header.
     pub fn header(&self) -> &TraceHeader {
         &self.header
+    }
+
+    /// Events of kinds this reader does not know, by kind, with how many were passed over so
+    /// far. In a file of schema 3 or newer such an event is skipped, not an error (a kind that
+    /// readers may skip needs no new schema; see `docs/trace-format.md`, *How the schema version
+    /// moves*): a tool says what it did not read from here. In older files it is an error.
+    pub fn unknown_events(&self) -> &BTreeMap<String, usize> {
+        &self.unknown_events
     }
 
     /// Bytes read so far (for progress).
@@ -348,6 +359,10 @@ impl<R: BufRead> Iterator for TraceReader<R> {
             }
             return Some(match parse_event(&self.buffer) {
                 Ok(event) => Ok(event),
+                Err(LineError::UnknownKind(kind)) if complete && self.skips_unknown_kinds() => {
+                    *self.unknown_events.entry(kind).or_default() += 1;
+                    continue;
+                }
                 Err(_) if !complete => {
                     self.done = true;
                     Err(ReadError::Truncated {
@@ -355,37 +370,74 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                         line: self.line,
                     })
                 }
-                Err(reason) => Err(ReadError::Malformed {
+                Err(error) => Err(ReadError::Malformed {
                     source_name: self.source_name.clone(),
                     line: self.line,
-                    reason,
+                    reason: error.to_string(),
                 }),
             });
         }
     }
 }
 
+impl<R> TraceReader<R> {
+    /// Whether an event of an unknown kind is passed over: from schema 3, whose readers may
+    /// skip one; before it, a writer that added a kind also raised the schema.
+    fn skips_unknown_kinds(&self) -> bool {
+        self.header.schema >= 3
+    }
+}
+
+/// Why an event line does not read.
+#[derive(Debug)]
+pub(crate) enum LineError {
+    /// A well-formed line of a kind this reader does not know.
+    UnknownKind(String),
+    /// Anything else: what was expected.
+    Malformed(String),
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownKind(kind) => {
+                write!(f, "unknown event {kind:?} (expected {})", kind_list())
+            }
+            Self::Malformed(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// One event line. Writers put the `event` tag first, which lets the line be read straight
 /// into its kind's type; a line with the tag elsewhere takes a slower path.
-pub(crate) fn parse_event(line: &str) -> Result<Event, String> {
+pub(crate) fn parse_event(line: &str) -> Result<Event, LineError> {
     let kind = leading_tag(line).map(str::to_owned).or_else(|| {
         let value: serde_json::Value = serde_json::from_str(line).ok()?;
         value.get("event")?.as_str().map(str::to_owned)
     });
     let Some(kind) = kind else {
-        return Err(match serde_json::from_str::<serde_json::Value>(line) {
-            Err(e) => format!("not JSON: {e}"),
-            Ok(serde_json::Value::Object(_)) => "an object without an \"event\" field".to_owned(),
-            Ok(_) => "expected an object with an \"event\" field".to_owned(),
-        });
+        return Err(LineError::Malformed(
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Err(e) => format!("not JSON: {e}"),
+                Ok(serde_json::Value::Object(_)) => {
+                    "an object without an \"event\" field".to_owned()
+                }
+                Ok(_) => "expected an object with an \"event\" field".to_owned(),
+            },
+        ));
     };
     let typed = |result: Result<Event, serde_json::Error>| {
-        result.map_err(|e| format!("bad {kind:?} event: {e}"))
+        result.map_err(|e| LineError::Malformed(format!("bad {kind:?} event: {e}")))
     };
     match EventKind::from_name(&kind) {
         Some(kind) => typed(kind.parse(line)),
-        None if kind == "header" => Err("a second header line".to_owned()),
-        None => Err(format!("unknown event {kind:?} (expected {})", kind_list())),
+        None if kind == "header" => Err(LineError::Malformed("a second header line".to_owned())),
+        // A known kind is checked as JSON by its parser; an unknown one only here, so that a
+        // line cut short is not taken for an unknown event.
+        None => match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(_) => Err(LineError::UnknownKind(kind)),
+            Err(e) => Err(LineError::Malformed(format!("bad {kind:?} event: {e}"))),
+        },
     }
 }
 
@@ -404,4 +456,74 @@ fn leading_tag(line: &str) -> Option<&str> {
     let rest = line.strip_prefix("{\"event\":\"")?;
     let end = rest.find('"')?;
     Some(&rest[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{SessionEnd, FORMAT_NAME};
+
+    /// A trace of `schema` whose events are `lines`.
+    fn trace(schema: u32, lines: &[&str]) -> String {
+        let header = TraceHeader {
+            format: FORMAT_NAME.to_owned(),
+            schema,
+            ..TraceHeader::placeholder()
+        };
+        let mut text = serde_json::to_string(&header).unwrap();
+        text.insert_str(1, "\"event\":\"header\",");
+        for line in lines {
+            text.push('\n');
+            text.push_str(line);
+        }
+        text.push('\n');
+        text
+    }
+
+    fn read(text: &str) -> (Vec<Result<Event, ReadError>>, BTreeMap<String, usize>) {
+        let mut reader = TraceReader::new(text.as_bytes()).expect("a header");
+        let events: Vec<_> = (&mut reader).collect();
+        (events, reader.unknown_events().clone())
+    }
+
+    #[test]
+    fn from_schema_3_an_unknown_event_kind_is_counted_and_passed_over() {
+        let end = Event::SessionEnd(SessionEnd {
+            seq: 5,
+            end_ns: 0,
+            passes: 0,
+            errors: Vec::new(),
+            errors_not_kept: 0,
+        });
+        let end = serde_json::to_string(&end).unwrap();
+        let unknown = r#"{"event":"expert_cache","seq":4,"hits":2}"#;
+        let (events, unknown_events) = read(&trace(3, &[unknown, unknown, &end]));
+        assert!(
+            matches!(events.as_slice(), [Ok(Event::SessionEnd(_))]),
+            "{events:?}"
+        );
+        assert_eq!(
+            unknown_events.into_iter().collect::<Vec<_>>(),
+            [("expert_cache".to_owned(), 2)]
+        );
+        // before schema 3 a writer that adds a kind raises the schema: an error there
+        let (events, unknown_events) = read(&trace(2, &[unknown, &end]));
+        let Some(Err(ReadError::Malformed {
+            line: 2, reason, ..
+        })) = events.first()
+        else {
+            panic!("{events:?}");
+        };
+        assert!(
+            reason.contains("unknown event \"expert_cache\""),
+            "{reason}"
+        );
+        assert!(unknown_events.is_empty());
+        // a line that is not JSON is malformed whatever its tag
+        let (events, _) = read(&trace(3, &[r#"{"event":"expert_cache","seq":"#, &end]));
+        assert!(
+            matches!(events.first(), Some(Err(ReadError::Malformed { .. }))),
+            "{events:?}"
+        );
+    }
 }

@@ -51,31 +51,14 @@ pub fn record_router(cs: &'static Callsite, args: RouterArgs<'_>, parts: RouterP
     if !cs.records() {
         return;
     }
-    let [logits, weights, experts] = match parts {
-        RouterParts::Values(values) => values,
-        RouterParts::Absent => return,
-        RouterParts::NotRouting => {
-            let message = format!(
-                "router: the value is not a (logits, weights, experts) tuple of tensors \
-                 (or an `Ok` or `Some` of one){NOT_A_TENSOR}"
-            );
-            cs.note_error(RecordErrorKind::NotATensor, message);
-            return;
-        }
-    };
-    let (Some(logits), Some(weights), Some(experts)) = (
-        tensor_or_error(cs, "router logits", logits),
-        tensor_or_error(cs, "router weights", weights),
-        tensor_or_error(cs, "router experts", experts),
-    ) else {
+    let Some(Inputs {
+        logits,
+        weights,
+        experts,
+        bias,
+    }) = inputs(cs, parts, args.bias)
+    else {
         return;
-    };
-    let bias = match args.bias {
-        Some(bias) => match tensor_or_error(cs, "router bias", bias) {
-            Some(bias) => Some(bias),
-            None => return,
-        },
-        None => None,
     };
     let Some(dims) = router_dims(cs, logits, weights, experts) else {
         return;
@@ -90,21 +73,7 @@ pub fn record_router(cs: &'static Callsite, args: RouterArgs<'_>, parts: RouterP
     }) else {
         return;
     };
-    let mut logit_values = Vec::new();
-    let mut keep = |values: &[f32]| logit_values = values.to_vec();
-    let what = "router logits";
-    let Some(summary) = read_tensor(
-        generation,
-        cs,
-        what,
-        Some(layer),
-        plan,
-        logits,
-        Some(&mut keep),
-    ) else {
-        return;
-    };
-    let Some(read) = read_routing(cs, dims, &logit_values, weights, experts, bias) else {
+    let Some(read) = read_routing(cs, dims, weights, experts, bias) else {
         return;
     };
     let rule = RoutingRule {
@@ -116,7 +85,32 @@ pub fn record_router(cs: &'static Callsite, args: RouterArgs<'_>, parts: RouterP
         cs.note_error(RecordErrorKind::Config, format!("router: {reason}"));
         return;
     }
-    let tokens = routed_tokens(&rule, dims, &logit_values, &read);
+    // Each token's record is made from the logits as they are read, without a copy of them.
+    let mut tokens = None;
+    let mut route = |values: &[f32]| {
+        tokens = (values.len() == dims.rows * dims.experts)
+            .then(|| routed_tokens(&rule, dims, values, &read));
+    };
+    let what = "router logits";
+    let Some(summary) = read_tensor(
+        generation,
+        cs,
+        what,
+        Some(layer),
+        plan,
+        logits,
+        Some(&mut route),
+    ) else {
+        return;
+    };
+    let Some(tokens) = tokens else {
+        let message = format!(
+            "router: the logits' values do not match their shape {:?}",
+            logits.shape()
+        );
+        cs.note_error(RecordErrorKind::Shape, message);
+        return;
+    };
     let load = expert_load(dims.experts, &read.experts);
     let (tracepoint, function) = labels(Some(cs.tracepoint()));
     registry::with_session(generation, |s| {
@@ -138,6 +132,52 @@ pub fn record_router(cs: &'static Callsite, args: RouterArgs<'_>, parts: RouterP
             })
         });
     });
+}
+
+/// The tensors of one call.
+struct Inputs<'a> {
+    logits: &'a dyn TraceTensor,
+    weights: &'a dyn TraceTensor,
+    experts: &'a dyn TraceTensor,
+    bias: Option<&'a dyn TraceTensor>,
+}
+
+/// The call's tensors; `None` (and the error noted) when one is not a tensor, or nothing to
+/// record (the router returned an `Err` or a `None`).
+fn inputs<'a>(
+    cs: &'static Callsite,
+    parts: RouterParts<'a>,
+    bias: Option<Option<&'a dyn TraceTensor>>,
+) -> Option<Inputs<'a>> {
+    let [logits, weights, experts] = match parts {
+        RouterParts::Values(values) => values,
+        RouterParts::Absent => return None,
+        RouterParts::NotRouting => {
+            let message = format!(
+                "router: the value is not a (logits, weights, experts) tuple of tensors \
+                 (or an `Ok` or `Some` of one){NOT_A_TENSOR}"
+            );
+            cs.note_error(RecordErrorKind::NotATensor, message);
+            return None;
+        }
+    };
+    let (Some(logits), Some(weights), Some(experts)) = (
+        tensor_or_error(cs, "router logits", logits),
+        tensor_or_error(cs, "router weights", weights),
+        tensor_or_error(cs, "router experts", experts),
+    ) else {
+        return None;
+    };
+    let bias = match bias {
+        Some(bias) => Some(tensor_or_error(cs, "router bias", bias)?),
+        None => None,
+    };
+    Some(Inputs {
+        logits,
+        weights,
+        experts,
+        bias,
+    })
 }
 
 /// The call's dimensions, or `None` and a shape error: logits `[.., experts]`, weights and
@@ -196,12 +236,10 @@ struct RoutingRead {
     bias: Option<Vec<f32>>,
 }
 
-/// Reads what the router chose, and checks it against the logits: as many values as the
-/// shapes say, every id an expert's, a bias of one value per expert.
+/// Reads what the router chose: as many values as the shapes say, every id an expert's.
 fn read_routing(
     cs: &'static Callsite,
     dims: RouterDims,
-    logits: &[f32],
     weights: &dyn TraceTensor,
     experts: &dyn TraceTensor,
     bias: Option<&dyn TraceTensor>,
@@ -226,8 +264,8 @@ fn read_routing(
     let shape_error = |message: String| {
         cs.note_error(RecordErrorKind::Shape, format!("router: {message}"));
     };
-    if logits.len() != dims.rows * dims.experts || weights.len() != chosen || ids.len() != chosen {
-        shape_error("a tensor's values do not match its shape".to_owned());
+    if weights.len() != chosen || ids.len() != chosen {
+        shape_error("the weights' or the experts' values do not match their shape".to_owned());
         return None;
     }
     let experts = match expert_ids(&ids, dims) {

@@ -52,16 +52,19 @@ pub struct RoutedToken {
     #[serde(with = "crate::float::vec")]
     pub weights: Vec<f32>,
     /// The best expert not chosen, by selection score (among the chosen groups when the router
-    /// is grouped); `None` when every expert was chosen.
+    /// is grouped: those holding a chosen expert, completed by the best others up to
+    /// `top_groups`); `None` when every expert there was chosen.
     pub runner_up: Option<u32>,
     /// Selection score of the weakest chosen expert minus the runner-up's: how decisive the
     /// choice was in the scores it was made by (probabilities for softmax, sigmoid plus the
     /// selection bias for sigmoid). Negative when the chosen experts are not the top-k of the
-    /// scores (a port whose indices do not follow its own logits). NaN when a score is NaN.
+    /// scores (a port whose indices do not follow its own logits). Infinite without a
+    /// runner-up. NaN when one of the two scores is NaN (a NaN logit makes every softmax score
+    /// NaN).
     #[serde(with = "crate::float::single")]
     pub margin: f32,
     /// For a grouped router, the group score of the weakest chosen group minus the best other
-    /// group's; `None` otherwise.
+    /// group's; `None` otherwise, and when every group is chosen.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -71,7 +74,9 @@ pub struct RoutedToken {
     /// The smallest δ such that moving each router logit by at most δ changes the choice (the
     /// weakest chosen expert and the runner-up, or the weakest chosen group and the best other
     /// one, trading places): the margin in the logits' own units, which `diff` compares with
-    /// the other side's logit error. 0 when `margin` is not positive.
+    /// the other side's logit error. 0 when a margin is not positive, NaN when one is NaN,
+    /// infinite when no pair can trade places (or only by moving a logit by more than 600).
+    /// Computed as `docs/trace-format.md` says (section `router`).
     #[serde(with = "crate::float::single")]
     pub logit_margin: f32,
     /// The router logits of `experts`, in their order, then of `runner_up`.

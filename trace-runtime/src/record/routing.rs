@@ -5,8 +5,8 @@
 //! The margins are those of `docs/trace-format.md` (section `router`). `logit_margin` is solved
 //! for the pairs that decide the choice: the weakest chosen expert against the runner-up (in
 //! closed form, `(l_weakest − l_runner_up) / 2`, without a selection bias, where both scorings
-//! are monotone in the logit gap; by bisection with one), and for a grouped router also the
-//! weakest chosen group against the best other one (by bisection), the smaller of the two.
+//! are monotone in the logit gap; numerically with one), and for a grouped router also the
+//! weakest chosen group against the best other one (numerically), the smaller of the two.
 
 use super::{ExpertGroups, RoutedToken, RouterScoring};
 
@@ -62,11 +62,12 @@ pub fn expert_load(num_experts: usize, experts: &[u32]) -> Vec<usize> {
     load
 }
 
-/// The largest logit shift solved for by bisection: past it (a router logit moved by 600) the
+/// The largest logit shift solved for: past it (a router logit moved by 600) the
 /// choice is taken as unchangeable (`logit_margin` infinite), and `exp` stays finite in `f64`.
 const MAX_SHIFT: f64 = 600.0;
-/// Halvings of the bisection: the interval ends below `f64` precision.
-const BISECTIONS: usize = 64;
+/// Steps of the root finder at most: it ends at `f64` precision in far fewer (each halving or
+/// better once bracketed), this only bounds a pathological gap.
+const MAX_STEPS: usize = 200;
 
 impl RoutedToken {
     /// One token's routing: `logits` (one per expert) and the `experts` the router chose with
@@ -293,7 +294,7 @@ fn logit_margin(
     let groups = groups
         .and_then(|g| Some((g, g.weakest_chosen()?, g.best_other()?)))
         .map_or(f64::INFINITY, |(g, weakest, other)| {
-            shift.group_pair(g, weakest, other)
+            shift.group_pair(g, weakest, other, experts)
         });
     experts.min(groups)
 }
@@ -324,7 +325,7 @@ impl<'a> Shift<'a> {
     }
 
     /// The weakest chosen expert moved down and the runner-up up: in closed form without a
-    /// bias (both scorings order experts as their logits), else by bisection.
+    /// bias (both scorings order experts as their logits), else numerically.
     fn expert_pair(&self, weakest: usize, runner_up: usize) -> f64 {
         let (a, r) = (self.logits[weakest], self.logits[runner_up]);
         if self.rule.bias.is_none() {
@@ -344,11 +345,12 @@ impl<'a> Shift<'a> {
                     - bias_r
             }
         };
-        smallest_crossing(gap)
+        smallest_crossing(gap, f64::INFINITY)
     }
 
-    /// Every logit of the weakest chosen group moved down and of the best other group up.
-    fn group_pair(&self, groups: &GroupChoice, weakest: usize, other: usize) -> f64 {
+    /// Every logit of the weakest chosen group moved down and of the best other group up;
+    /// `bound`: a shift known to change the choice already (no need to look past it).
+    fn group_pair(&self, groups: &GroupChoice, weakest: usize, other: usize, bound: f64) -> f64 {
         let (down, up) = (groups.experts(weakest), groups.experts(other));
         let group_score = |experts: std::ops::Range<usize>, delta: f64, norm: f64| {
             let scores = experts.map(|e| self.score(self.logits[e] + delta, norm) + self.bias(e));
@@ -374,7 +376,10 @@ impl<'a> Shift<'a> {
                 gap_with(up_norm, delta).min(gap_with(down_norm, delta))
             }
         };
-        smallest_crossing(gap)
+        if bound.is_finite() && gap(bound) > 0.0 {
+            return f64::INFINITY;
+        }
+        smallest_crossing(gap, bound)
     }
 
     /// A score from a shifted logit; `norm` is softmax's normaliser.
@@ -393,26 +398,55 @@ impl<'a> Shift<'a> {
     }
 }
 
-/// The smallest `delta ≥ 0` where the non-increasing `gap` reaches 0, by bisection; infinite
-/// when it does not by [`MAX_SHIFT`].
-fn smallest_crossing(gap: impl Fn(f64) -> f64) -> f64 {
-    if gap(0.0) <= 0.0 {
+/// The smallest `delta ≥ 0` where the non-increasing `gap` reaches 0, and no larger than
+/// `bound` (a crossing already known there); infinite when none does by [`MAX_SHIFT`]. The
+/// crossing is bracketed by doubling, then found by the Illinois method (regula falsi that
+/// halves the weight of an end kept twice): a few evaluations to `f64` precision where
+/// bisection takes sixty.
+fn smallest_crossing(gap: impl Fn(f64) -> f64, bound: f64) -> f64 {
+    let at_zero = gap(0.0);
+    if at_zero <= 0.0 {
         return 0.0;
     }
-    let mut high = 1.0;
-    while gap(high) > 0.0 {
+    let (mut low, mut gap_low) = (0.0, at_zero);
+    let (mut high, mut gap_high) = if bound.is_finite() {
+        (bound, gap(bound))
+    } else {
+        (1.0_f64.min(MAX_SHIFT), gap(1.0_f64.min(MAX_SHIFT)))
+    };
+    while gap_high > 0.0 {
         if high >= MAX_SHIFT {
             return f64::INFINITY;
         }
+        (low, gap_low) = (high, gap_high);
         high = (high * 2.0).min(MAX_SHIFT);
+        gap_high = gap(high);
     }
-    let mut low = 0.0;
-    for _ in 0..BISECTIONS {
-        let mid = 0.5 * (low + high);
-        if gap(mid) > 0.0 {
-            low = mid;
+    let mut kept = 0i8;
+    for _ in 0..MAX_STEPS {
+        if high - low <= high * f64::EPSILON * 4.0 {
+            break;
+        }
+        let secant = high - gap_high * (high - low) / (gap_high - gap_low);
+        // A step that does not land inside (a flat or NaN gap) halves instead.
+        let mid = if secant > low && secant < high {
+            secant
         } else {
-            high = mid;
+            0.5 * (low + high)
+        };
+        let at_mid = gap(mid);
+        if at_mid > 0.0 {
+            (low, gap_low) = (mid, at_mid);
+            if kept > 0 {
+                gap_high *= 0.5;
+            }
+            kept = kept.max(0) + 1;
+        } else {
+            (high, gap_high) = (mid, at_mid);
+            if kept < 0 {
+                gap_low *= 0.5;
+            }
+            kept = kept.min(0) - 1;
         }
     }
     high
@@ -559,24 +593,26 @@ mod tests {
         assert!(margin_at(t.logit_margin * 1.001) < 0.0);
     }
 
-    /// 8 experts in 4 groups of 2, 2 groups chosen, 2 experts; sigmoid scores with a bias.
-    fn grouped_case() -> ([f32; 8], [f32; 8]) {
-        let logits = [2.0, 1.5, 0.5, -2.0, 1.8, -0.5, 2.6, -1.0];
-        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        (logits, bias)
+    /// 8 experts in 4 groups of 2; 2 experts chosen.
+    const GROUPED_LOGITS: [f32; 8] = [2.0, 1.5, 0.5, -2.0, 1.8, -0.5, 2.6, -1.0];
+    /// A bias of zeros: the numeric path, with the scores of no bias.
+    const ZERO_BIAS: [f32; 8] = [0.0; 8];
+
+    /// Sigmoid scores, 4 groups of 2, `top_groups` of them chosen.
+    fn grouped(top_groups: usize) -> RoutingRule<'static> {
+        RoutingRule {
+            scoring: RouterScoring::Sigmoid,
+            bias: Some(&ZERO_BIAS),
+            groups: Some(ExpertGroups {
+                groups: 4,
+                top_groups,
+            }),
+        }
     }
 
     #[test]
     fn grouped_top_k_finds_the_runner_up_in_the_chosen_groups_only() {
-        let (logits, bias) = grouped_case();
-        let rule = RoutingRule {
-            scoring: RouterScoring::Sigmoid,
-            bias: Some(&bias),
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 2,
-            }),
-        };
+        let (logits, rule) = (GROUPED_LOGITS, grouped(2));
         let s = |e: usize| sigmoid(f64::from(logits[e]));
         // group scores: g0 = s0 + s1, g1 = s2 + s3, g2 = s4 + s5, g3 = s6 + s7; g0 and g2 win
         let group = [s(0) + s(1), s(2) + s(3), s(4) + s(5), s(6) + s(7)];
@@ -598,28 +634,13 @@ mod tests {
 
     #[test]
     fn a_chosen_expert_outside_the_best_groups_gives_a_negative_group_margin() {
-        let (logits, bias) = grouped_case();
-        let rule = RoutingRule {
-            scoring: RouterScoring::Sigmoid,
-            bias: Some(&bias),
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 2,
-            }),
-        };
+        let (logits, rule) = (GROUPED_LOGITS, grouped(2));
         // experts 0 and 2: groups 0 and 1, where the router should have chosen 0 and 2
         let t = token(&rule, &logits, &[0, 2]);
         assert!(t.group_margin.unwrap() < 0.0, "{t:?}");
         assert_eq!(t.logit_margin, 0.0);
         // every group chosen: no group margin, the expert pair alone
-        let all = RoutingRule {
-            groups: Some(ExpertGroups {
-                groups: 4,
-                top_groups: 4,
-            }),
-            ..rule
-        };
-        let t = token(&all, &logits, &[6, 0]);
+        let t = token(&grouped(4), &logits, &[6, 0]);
         assert_eq!((t.group_margin, t.runner_up), (None, Some(4)));
         assert!((t.logit_margin - 0.1).abs() < 1e-6, "{t:?}");
     }

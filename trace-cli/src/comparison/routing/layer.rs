@@ -4,11 +4,22 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use trace_runtime::compare::{Tolerance, Tolerances};
 use trace_runtime::{RoutedToken, RouterEvent};
 
+use super::logits::{LogitErrors, RouterLogitsJudged};
 use super::token::{
-    judge, logit_error, same_experts, weights_past_error, RoutingVerdict, WeightDifference,
+    common_logits, judge, logit_error, same_experts, weights_past_error, RoutingVerdict,
+    WeightDifference,
 };
+
+/// How many times its `mlp_in`'s ratio (error over what the tolerance allows) `mlp_out`'s must
+/// be, in a pass, for its divergence to be the layer's own, not its input's carried through the
+/// experts (a smooth map, which amplifies its input's relative error by a modest factor).
+/// Measured (`diff --json`, `mlp_out_gain`, on the traces of `python/tests/test_moe_port.py`): a
+/// layer after a bug's, routing the same, at most 6.1 (8.9 with near-ties, 67 where a near-tie
+/// flipped an expert); a layer whose own experts' weights or weighting are wrong, 2·10⁴ to 7·10⁷.
+const EXPERTS_OWN_GAIN: f64 = 100.0;
 
 /// Tokens a layer must have compared before many near-ties (over a tenth) are noted.
 const MANY_NEAR_TIES_OF: usize = 8;
@@ -27,6 +38,10 @@ pub(crate) enum LayerVerdict {
     /// No divergence, but the weights of tokens that chose alike differ past the logit error
     /// (near-ties may be there too).
     Weights,
+    /// No divergence, no weights past the logit error, but the router logits are beyond the
+    /// stages' tolerance while the router's input (`mlp_in`) is within it (or not traced): the
+    /// router's own computation differs, and its near-ties are explained by that error.
+    RouterLogits,
     /// The two routers have other numbers of experts or of experts per token: not compared.
     ExpertsDiffer,
 }
@@ -38,6 +53,7 @@ impl LayerVerdict {
             Self::NearTies => "near-ties",
             Self::Routing => "routing",
             Self::Weights => "weights",
+            Self::RouterLogits => "router logits",
             Self::ExpertsDiffer => "experts differ",
         }
     }
@@ -56,8 +72,12 @@ pub(crate) struct LayerRouting {
     pub(crate) differing: usize,
     pub(crate) near_ties: usize,
     pub(crate) divergences: usize,
-    /// Differing tokens whose logit error was estimated (the two listed no expert in common).
+    /// Differing tokens whose logit error was estimated (the two listed no expert in common):
+    /// the layer's largest measured.
     pub(crate) estimated_errors: usize,
+    /// Differing tokens whose logit error is unknown (the two listed no expert in common, nor
+    /// did any token of the layer): each a divergence (see `judge`).
+    pub(crate) unknown_errors: usize,
     /// Tokens that chose alike whose weights differ past the logit error.
     pub(crate) weights_differ: usize,
     /// The token whose weight differs most past what is allowed.
@@ -70,18 +90,54 @@ pub(crate) struct LayerRouting {
     pub(crate) scoring_differs: bool,
     /// Where the two routers' `[num_experts, top_k]` differ: the reference's and the other's.
     pub(crate) experts_differ: Option<[[usize; 2]; 2]>,
+    /// The router logits judged as a stage (`null`: no logit listed by both runs).
+    pub(crate) router_logits: Option<RouterLogitsJudged>,
     /// The layer's `mlp_out` stage diverged in some pass.
     pub(crate) mlp_out_diverged: bool,
-    /// Routing `same` and `mlp_out` diverged: the experts' computation differs, not their
-    /// choice.
+    /// Where it diverged, the largest of its ratio over `mlp_in`'s in the same pass (`null`:
+    /// no divergence, or no `mlp_in`).
+    pub(crate) mlp_out_gain: Option<f64>,
+    /// Routing `same` and `mlp_out` diverged in a pass by over [`EXPERTS_OWN_GAIN`] times its
+    /// `mlp_in`'s ratio (the layer's own divergence, not an earlier one's carried through):
+    /// the experts' computation differs, not their choice.
     pub(crate) computation_not_choice: bool,
     /// With a floor: the floor's routing against the reference's in this layer.
     pub(crate) floor: Option<FloorRouting>,
-    /// With a floor: this layer's differences are no more than the floor's (`null`
-    /// without one).
+    /// With a floor: this layer's differences are no more than the floor's, its router logits
+    /// not its own error against the floor's (`null` without one).
     pub(crate) within_floor: Option<bool>,
-    /// The verdict is `routing`, `weights` or `experts_differ`, and not within the floor.
+    /// The verdict is `routing`, `weights`, `router_logits` or `experts_differ`, and not
+    /// within the floor.
     pub(crate) flagged: bool,
+    /// The tolerance of each of the layer's router logits (`layer.N.router_logits`).
+    #[serde(skip)]
+    pub(crate) tolerance: Tolerance,
+    /// The other's router logits against the reference's, and the floor's.
+    #[serde(skip)]
+    pub(crate) logit_errors: LogitErrors,
+    #[serde(skip)]
+    pub(crate) floor_logit_errors: LogitErrors,
+}
+
+/// What the stages of a layer did, over every pass, for the routing's verdicts; ratios are a
+/// stage's error over what the tolerance allows (above 1 diverged).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LayerStages {
+    /// `mlp_in`'s (the router's input) worst ratio over the passes; `None`: not compared.
+    pub(crate) mlp_in_ratio: Option<f64>,
+    /// `mlp_out` diverged in some pass.
+    pub(crate) mlp_out_diverged: bool,
+    /// Over the passes where `mlp_out` diverged and `mlp_in` was compared, the largest of
+    /// `mlp_out`'s ratio over `mlp_in`'s in the same pass.
+    pub(crate) mlp_out_gain: Option<f64>,
+}
+
+/// How a layer's verdict is reached, once every pass is in.
+pub(crate) struct LayerJudging<'a> {
+    pub(crate) stages: LayerStages,
+    pub(crate) tolerances: &'a Tolerances,
+    /// With a floor: how many times the floor's error the other may have.
+    pub(crate) floor_factor: Option<f64>,
 }
 
 /// The floor's routing against the reference's, in one layer.
@@ -109,7 +165,8 @@ pub(crate) struct DifferingToken<'a> {
     pub(crate) reference: &'a RoutedToken,
     pub(crate) other: &'a RoutedToken,
     pub(crate) verdict: RoutingVerdict,
-    pub(crate) error: f64,
+    /// The other's logit error (`None`: unknown).
+    pub(crate) error: Option<f64>,
     pub(crate) estimated: bool,
 }
 
@@ -142,8 +199,9 @@ impl LayerRouting {
         let mut call = CallDifferences::default();
         for (reference, other, error, estimated) in self.token_pairs(ours, theirs) {
             self.tokens += 1;
-            if estimated {
-                self.estimated_errors += usize::from(!same_experts(reference, other));
+            if !same_experts(reference, other) {
+                self.estimated_errors += usize::from(estimated && error.is_some());
+                self.unknown_errors += usize::from(error.is_none());
             }
             match outcome(reference, other, error) {
                 TokenOutcome::Same => {}
@@ -156,7 +214,7 @@ impl LayerRouting {
                             pass,
                             row: reference.row,
                             weight,
-                            logit_error: error,
+                            logit_error: error.unwrap_or(f64::NAN),
                         });
                     }
                 }
@@ -183,8 +241,13 @@ impl LayerRouting {
     pub(crate) fn compare_floor_call(&mut self, ours: &RouterEvent, floors: &RouterEvent) {
         let mut floor = self.floor.unwrap_or_default();
         if ours.num_experts == floors.num_experts && ours.top_k == floors.top_k {
-            let mut measured = self.max_logit_error;
-            for (reference, other, error, _) in token_pairs(ours, floors, &mut measured) {
+            let mut measured = None;
+            let mut logits = LogitMeasure {
+                errors: &mut self.floor_logit_errors,
+                tolerance: self.tolerance,
+                largest: &mut measured,
+            };
+            for (reference, other, error, _) in token_pairs(ours, floors, &mut logits) {
                 floor.tokens += 1;
                 match outcome(reference, other, error) {
                     TokenOutcome::Same => {}
@@ -210,43 +273,60 @@ impl LayerRouting {
     }
 
     /// The tokens of two calls matched by row, each with the other's logit error (measured,
-    /// or the layer's largest where the two list no expert in common), noting the rows of one
-    /// side only and the errors measured.
+    /// or the layer's largest where the two list no expert in common, `None` where none was
+    /// measured), noting the rows of one side only and the logits compared.
     fn token_pairs<'a>(
         &mut self,
         ours: &'a RouterEvent,
         theirs: &'a RouterEvent,
-    ) -> Vec<(&'a RoutedToken, &'a RoutedToken, f64, bool)> {
-        let pairs = token_pairs(ours, theirs, &mut self.max_logit_error);
+    ) -> Vec<TokenPair<'a>> {
+        let mut logits = LogitMeasure {
+            errors: &mut self.logit_errors,
+            tolerance: self.tolerance,
+            largest: &mut self.max_logit_error,
+        };
+        let pairs = token_pairs(ours, theirs, &mut logits);
         self.rows_unmatched +=
             (ours.tokens.len() + theirs.tokens.len()).saturating_sub(2 * pairs.len());
         pairs
     }
 
-    /// The verdict and the flags, once every pass is in: `mlp_out_diverged` whether the
-    /// layer's `mlp_out` diverged, `floor` whether a floor was compared.
-    pub(crate) fn finish(&mut self, mlp_out_diverged: bool, floor: bool) {
+    /// The verdict and the flags, once every pass is in (see [`LayerJudging`]).
+    pub(crate) fn finish(&mut self, judging: &LayerJudging<'_>) {
+        let stages = judging.stages;
+        let floor = (judging.floor_factor).map(|factor| (&self.floor_logit_errors, factor));
+        self.router_logits = RouterLogitsJudged::judge(
+            self.layer,
+            &self.logit_errors,
+            floor,
+            judging.tolerances,
+            stages.mlp_in_ratio,
+        );
+        let own_logits = self.router_logits.as_ref().is_some_and(|l| l.own_error);
         self.verdict = if self.experts_differ.is_some() && self.tokens == 0 {
             LayerVerdict::ExpertsDiffer
         } else if self.divergences > 0 {
             LayerVerdict::Routing
         } else if self.weights_differ > 0 {
             LayerVerdict::Weights
+        } else if own_logits {
+            LayerVerdict::RouterLogits
         } else if self.near_ties > 0 {
             LayerVerdict::NearTies
         } else {
             LayerVerdict::Same
         };
-        self.mlp_out_diverged = mlp_out_diverged;
-        self.computation_not_choice = mlp_out_diverged && self.verdict == LayerVerdict::Same;
+        self.mlp_out_diverged = stages.mlp_out_diverged;
+        self.mlp_out_gain = stages.mlp_out_gain;
+        self.computation_not_choice = self.verdict == LayerVerdict::Same
+            && (stages.mlp_out_gain).is_some_and(|gain| gain > EXPERTS_OWN_GAIN);
+        let floor = judging.floor_factor.is_some();
         self.within_floor = floor.then(|| {
             let f = self.floor.unwrap_or_default();
-            self.differing <= f.differing && self.weights_differ <= f.weights_differ
+            // The router logits were judged against the floor's already.
+            self.differing <= f.differing && self.weights_differ <= f.weights_differ && !own_logits
         });
-        let serious = matches!(
-            self.verdict,
-            LayerVerdict::Routing | LayerVerdict::Weights | LayerVerdict::ExpertsDiffer
-        );
+        let serious = !matches!(self.verdict, LayerVerdict::Same | LayerVerdict::NearTies);
         self.flagged = serious && self.within_floor != Some(true);
     }
 
@@ -281,6 +361,15 @@ impl LayerRouting {
                 self.max_logit_error.unwrap_or(f64::NAN)
             ));
         }
+        if self.unknown_errors > 0 {
+            notes.push(format!(
+                "layer {}: {} tokens chose experts of which the other lists none the reference \
+                 lists, and no token of the layer lists an expert on both sides: the other's \
+                 router-logit error is unknown, and each is counted a divergence (a rounding \
+                 error flips the closest choice; it does not replace every listed expert)",
+                self.layer, self.unknown_errors
+            ));
+        }
         if self.rows_unmatched > 0 {
             notes.push(format!(
                 "layer {}: {} tokens are in one trace's router calls only (other rows: another \
@@ -292,39 +381,55 @@ impl LayerRouting {
     }
 }
 
-/// How two tokens of one row compare, with the other's logit error `error`.
-fn outcome(reference: &RoutedToken, other: &RoutedToken, error: f64) -> TokenOutcome {
+/// How two tokens of one row compare, with the other's logit error `error` (`None`: unknown,
+/// which only tokens that list no expert in common have).
+fn outcome(reference: &RoutedToken, other: &RoutedToken, error: Option<f64>) -> TokenOutcome {
     if !same_experts(reference, other) {
         return TokenOutcome::Differ(judge(reference, error));
     }
-    match weights_past_error(reference, other, error) {
+    match error.and_then(|error| weights_past_error(reference, other, error)) {
         Some(weight) => TokenOutcome::Weights(weight),
         None => TokenOutcome::Same,
     }
 }
 
+/// Two tokens of one row, the other's logit error on them (`None`: unknown) and whether it was
+/// estimated (not measured on them).
+type TokenPair<'a> = (&'a RoutedToken, &'a RoutedToken, Option<f64>, bool);
+
+/// Where the logits of token pairs are folded: every logit both list, and the largest error.
+struct LogitMeasure<'a> {
+    errors: &'a mut LogitErrors,
+    tolerance: Tolerance,
+    largest: &'a mut Option<f64>,
+}
+
 /// The tokens of two calls matched by row, each with the logit error: measured where the two
-/// list an expert in common (the largest such error folded into `measured`), else `measured`
-/// after the whole call (0 where none was ever measured) and marked estimated.
+/// list an expert in common (each such logit and the largest error folded into `measure`),
+/// else the largest measured in the layer after the whole call, marked estimated, or `None`
+/// where none was ever measured: unknown, never 0.
 fn token_pairs<'a>(
     ours: &'a RouterEvent,
     theirs: &'a RouterEvent,
-    measured: &mut Option<f64>,
-) -> Vec<(&'a RoutedToken, &'a RoutedToken, f64, bool)> {
+    measure: &mut LogitMeasure<'_>,
+) -> Vec<TokenPair<'a>> {
     let by_row: BTreeMap<usize, &RoutedToken> = theirs.tokens.iter().map(|t| (t.row, t)).collect();
     let pairs: Vec<(&RoutedToken, &RoutedToken, Option<f64>)> = (ours.tokens.iter())
         .filter_map(|reference| {
             let other = by_row.get(&reference.row)?;
+            for (a, b) in common_logits(reference, other) {
+                measure.errors.add(a, b, measure.tolerance);
+            }
             Some((reference, *other, logit_error(reference, other)))
         })
         .collect();
     for error in pairs.iter().filter_map(|p| p.2).filter(|e| !e.is_nan()) {
-        *measured = Some(measured.map_or(error, |m| m.max(error)));
+        *measure.largest = Some(measure.largest.map_or(error, |m| m.max(error)));
     }
-    let estimate = measured.unwrap_or(0.0);
+    let estimate = *measure.largest;
     (pairs.into_iter())
         .map(|(reference, other, error)| match error {
-            Some(error) => (reference, other, error, false),
+            Some(error) => (reference, other, Some(error), false),
             None => (reference, other, estimate, true),
         })
         .collect()

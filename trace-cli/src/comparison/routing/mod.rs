@@ -9,16 +9,19 @@
 //! flagged.
 
 mod layer;
+mod logits;
 mod text;
 mod token;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
+use trace_runtime::compare::Tolerances;
 use trace_runtime::RouterEvent;
 
-use self::layer::{CallDifferences, DifferingToken};
-pub(crate) use self::layer::{LayerRouting, LayerVerdict};
+use self::layer::{CallDifferences, DifferingToken, LayerJudging};
+pub(crate) use self::layer::{LayerRouting, LayerStages, LayerVerdict};
+use self::logits::RouterLogitsJudged;
 pub(crate) use self::token::RoutingVerdict;
 
 /// Router calls named in the notes of calls only one trace has, at most.
@@ -35,6 +38,8 @@ pub(crate) struct RoutingComparison {
     /// Calls of the reference no call of the other matched, and the reverse.
     unmatched: [usize; 2],
     unmatched_listed: Vec<String>,
+    /// The tolerances of the stages, which judge the router logits too.
+    tolerances: Tolerances,
     /// The report, once finished.
     report: Option<RoutingReport>,
 }
@@ -55,10 +60,11 @@ pub(crate) struct TokenDifference {
     pub(crate) verdict: RoutingVerdict,
     /// The reference's `logit_margin`.
     pub(crate) reference_logit_margin: f32,
-    /// The other's router-logit error on this token (`null` where NaN).
-    pub(crate) logit_error: f64,
+    /// The other's router-logit error on this token (`null` where NaN, or unknown: the two
+    /// list no expert in common, nor did any token of the layer).
+    pub(crate) logit_error: Option<f64>,
     /// The two tokens list no expert's logit in common: `logit_error` is the largest measured
-    /// on the layer's other tokens.
+    /// on the layer's other tokens (or unknown).
     pub(crate) logit_error_estimated: bool,
 }
 
@@ -91,6 +97,15 @@ pub(crate) struct RoutingReport {
 }
 
 impl RoutingComparison {
+    /// A comparison whose router logits are judged by the stages' `tolerances`
+    /// (`layer.N.router_logits` for overrides).
+    pub(crate) fn new(tolerances: Tolerances) -> Self {
+        Self {
+            tolerances,
+            ..Self::default()
+        }
+    }
+
     /// Folds in one pass's router calls of each trace (`routers`: the reference's, the
     /// other's, the floor's; `None` where a trace has no such pass), `position` the pass's.
     pub(crate) fn pass(
@@ -123,8 +138,10 @@ impl RoutingComparison {
 
     /// The comparison of `layer` so far (a new one the first time).
     fn layer(&mut self, layer: usize) -> &mut LayerRouting {
+        let tolerance = RouterLogitsJudged::tolerance(&self.tolerances, layer);
         self.layers.entry(layer).or_insert_with(|| LayerRouting {
             layer,
+            tolerance,
             ..LayerRouting::default()
         })
     }
@@ -183,10 +200,15 @@ impl RoutingComparison {
         }
     }
 
-    /// Ends the comparison: each layer's verdict, with `mlp_out_diverged` the layers whose
-    /// `mlp_out` diverged in some pass, and `floor` whether a floor was compared; nothing to
-    /// report when neither trace has router calls.
-    pub(crate) fn finish(&mut self, mlp_out_diverged: &BTreeSet<usize>, floor: bool) {
+    /// Ends the comparison: each layer's verdict, with `stages` what each layer's `mlp_in` and
+    /// `mlp_out` did, and `floor_factor` where a floor was compared; nothing to report when
+    /// neither trace has router calls.
+    pub(crate) fn finish(
+        &mut self,
+        stages: &BTreeMap<usize, LayerStages>,
+        floor_factor: Option<f64>,
+    ) {
+        let floor = floor_factor.is_some();
         let [reference_calls, other_calls, floor_calls] = self.calls;
         if reference_calls == 0 && other_calls == 0 {
             return;
@@ -194,7 +216,11 @@ impl RoutingComparison {
         let mut layers: Vec<LayerRouting> =
             std::mem::take(&mut self.layers).into_values().collect();
         for layer in &mut layers {
-            layer.finish(mlp_out_diverged.contains(&layer.layer), floor);
+            layer.finish(&LayerJudging {
+                stages: stages.get(&layer.layer).copied().unwrap_or_default(),
+                tolerances: &self.tolerances,
+                floor_factor,
+            });
         }
         let sum = |count: fn(&LayerRouting) -> usize| layers.iter().map(count).sum();
         let report = RoutingReport {

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::layer::{LayerRouting, LayerVerdict};
+use super::logits::RouterInput;
 use super::{RoutingReport, RoutingVerdict, TokenDifference};
 use crate::style::Colors;
 
@@ -129,6 +130,7 @@ fn layer_verdict_text(layer: &LayerRouting, colors: &Colors) -> String {
 /// The lines under the table about one layer: the experts' computation against the choice,
 /// the worst weights.
 fn layer_lines(out: &mut String, layer: &LayerRouting, colors: &Colors) {
+    router_logits_line(out, layer, colors);
     if layer.computation_not_choice {
         let _ = writeln!(
             out,
@@ -174,6 +176,51 @@ fn layer_lines(out: &mut String, layer: &LayerRouting, colors: &Colors) {
     }
 }
 
+/// Where the router logits are beyond the stages' tolerance from an input within it: the
+/// router's own computation differs, and the near-ties it flipped are its doing.
+fn router_logits_line(out: &mut String, layer: &LayerRouting, colors: &Colors) {
+    let Some(logits) = layer.router_logits.as_ref().filter(|l| l.own_error) else {
+        return;
+    };
+    let input = match (logits.input, logits.input_ratio) {
+        (RouterInput::NotTraced, _) | (_, None) => {
+            "(mlp_in not traced: an inherited error cannot be ruled out)".to_owned()
+        }
+        (_, Some(input)) => format!(
+            "{:.3} times the tolerance, from an mlp_in at {input:.3} times it",
+            logits.ratio
+        ),
+    };
+    let floor = logits
+        .floor_rms_error
+        .map_or_else(String::new, |f| format!(", the floor's {f:.2e}"));
+    let flips = if layer.near_ties > 0 {
+        format!(
+            "; its {} explained by that error",
+            counted(layer.near_ties, "near-tie is", "near-ties are")
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        colors.bad(&format!(
+            "layer {}: the router's own logits differ: RMS error {:.2e} on {} logits listed by \
+             both (the reference's RMS {:.2e}{floor}), beyond the stages' tolerance ({} atol \
+             {:e}, rtol {:e}): {input}: the router's computation (its gate weights, its \
+             precision){flips}",
+            layer.layer,
+            logits.rms_error,
+            logits.compared,
+            logits.rms_reference,
+            logits.criterion,
+            logits.atol,
+            logits.rtol
+        ))
+    );
+}
+
 /// `1 near-tie`, `2 near-ties`.
 fn counted(count: usize, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
@@ -209,8 +256,18 @@ fn first_line(d: &TokenDifference, colors: &Colors) -> String {
     }
 }
 
-/// `near-tie (the reference's logit margin 1.2e-3 ≤ the other's router-logit error 3e-3)`.
+/// `near-tie (the reference's logit margin 1.2e-3 ≤ the other's router-logit error 3e-3)`;
+/// an unknown error said as such, never as a number.
 fn verdict_text(d: &TokenDifference) -> String {
+    let Some(error) = d.logit_error else {
+        return format!(
+            "{} (the reference's logit margin {:.3e}; the other's router-logit error unknown: no \
+             expert listed by both, on this token or any other of the layer; a rounding error \
+             flips the closest choice, it does not replace every expert the reference lists)",
+            d.verdict.word(),
+            d.reference_logit_margin
+        );
+    };
     let estimated = if d.logit_error_estimated {
         ", estimated: the two list no expert in common, so the layer's largest measured"
     } else {
@@ -222,9 +279,8 @@ fn verdict_text(d: &TokenDifference) -> String {
     };
     format!(
         "{} (the reference's logit margin {:.3e} {relation} the other's router-logit error \
-         {:.3e}{estimated})",
+         {error:.3e}{estimated})",
         d.verdict.word(),
         d.reference_logit_margin,
-        d.logit_error
     )
 }

@@ -35,14 +35,22 @@ fn listed_logits(token: &RoutedToken) -> impl Iterator<Item = (u32, f32)> + '_ {
     experts.zip(token.logits.iter().copied())
 }
 
+/// The logits both tokens list of the same expert: `(reference's, other's)`.
+pub(crate) fn common_logits<'a>(
+    reference: &'a RoutedToken,
+    other: &'a RoutedToken,
+) -> impl Iterator<Item = (f32, f32)> + 'a {
+    listed_logits(other).filter_map(move |(expert, theirs)| {
+        let (_, ours) = listed_logits(reference).find(|&(e, _)| e == expert)?;
+        Some((ours, theirs))
+    })
+}
+
 /// The other's router-logit error on a token: the largest `|other − reference|` over the
 /// experts both list a logit of; `None` when they list none in common. NaN when a logit is.
 pub(crate) fn logit_error(reference: &RoutedToken, other: &RoutedToken) -> Option<f64> {
     let mut error: Option<f64> = None;
-    for (expert, theirs) in listed_logits(other) {
-        let Some((_, ours)) = listed_logits(reference).find(|&(e, _)| e == expert) else {
-            continue;
-        };
+    for (ours, theirs) in common_logits(reference, other) {
         let d = (f64::from(theirs) - f64::from(ours)).abs();
         error = Some(match error {
             Some(e) if e.is_nan() || e >= d => e,
@@ -64,12 +72,15 @@ fn sorted(experts: &[u32]) -> Vec<u32> {
 }
 
 /// A differing choice judged: a near-tie when the reference's `logit_margin` is at most the
-/// other's logit error `error`, else a divergence (a NaN margin or error is one).
-pub(crate) fn judge(reference: &RoutedToken, error: f64) -> RoutingVerdict {
-    if f64::from(reference.logit_margin) <= error {
-        RoutingVerdict::NearTie
-    } else {
-        RoutingVerdict::Divergence
+/// other's logit error `error`, else a divergence (a NaN margin or error is one). An unknown
+/// error (`None`: the two list no expert in common, nor does any token of the layer) is judged
+/// a divergence: a rounding error flips the closest choice, it does not replace every expert
+/// the reference lists (its chosen ones and its runner-up), which only logits off by half the
+/// gap between the reference's best expert and an unlisted one can do.
+pub(crate) fn judge(reference: &RoutedToken, error: Option<f64>) -> RoutingVerdict {
+    match error {
+        Some(error) if f64::from(reference.logit_margin) <= error => RoutingVerdict::NearTie,
+        _ => RoutingVerdict::Divergence,
     }
 }
 
@@ -177,9 +188,13 @@ mod tests {
         let theirs = token(&[1, 3], &[0.6, 0.4], 2, &[f32::NAN, 1.0, 0.9]);
         let error = logit_error(&ours, &theirs).expect("shared experts");
         assert!(error.is_nan());
-        assert_eq!(judge(&ours, error), RoutingVerdict::Divergence);
-        assert_eq!(judge(&ours, f64::from(0.05f32)), RoutingVerdict::NearTie);
-        assert_eq!(judge(&ours, 0.049), RoutingVerdict::Divergence);
+        assert_eq!(judge(&ours, Some(error)), RoutingVerdict::Divergence);
+        assert_eq!(judge(&ours, None), RoutingVerdict::Divergence);
+        assert_eq!(
+            judge(&ours, Some(f64::from(0.05f32))),
+            RoutingVerdict::NearTie
+        );
+        assert_eq!(judge(&ours, Some(0.049)), RoutingVerdict::Divergence);
     }
 
     #[test]
