@@ -5,12 +5,15 @@ router event per pass on both sides; llama.cpp's chosen experts equal transforme
 token except where transformers' ``logit_margin`` is within the two sides' router-logit error
 (a near-tie, which float rounding may flip); their weights agree. The models themselves are
 checked to be what the tests need: mostly decisive choices, a few near-ties, a selection bias
-that changes choices.
+that changes choices. ``model-trace diff --json`` reads both sides' router events and finds them
+routed alike.
 
 Cost: ~15 s to make both models the first time (cached after), then ~6 s for the tests (measured
 here: two 24-token passes on each side, 4 + 3 router calls of 24 tokens).
 """
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +25,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_models  # noqa: E402
 
+from conftest import REPO, model_trace_cli  # noqa: E402
 from model_trace import llama_cpp  # noqa: E402
 from model_trace.format import read_trace  # noqa: E402
 from model_trace.torch import trace  # noqa: E402
@@ -45,7 +49,8 @@ def routers(path):
 
 @pytest.fixture(scope="module")
 def traces(models, tmp_path_factory):
-    """case -> (transformers' router events, llama.cpp's, transformers' full router logits)."""
+    """case -> (transformers' router events, llama.cpp's, transformers' full router logits, the
+    model, the folder of both traces)."""
     from transformers import AutoModelForCausalLM
 
     made = {}
@@ -60,7 +65,8 @@ def traces(models, tmp_path_factory):
         for hook in hooks:
             hook.remove()
         llama_cpp.run(str(moe_models.gguf(directory)), [TOKENS], str(folder / "llama_cpp.ndjson"), kv="f32")
-        made[case] = (routers(folder / "transformers.ndjson"), routers(folder / "llama_cpp.ndjson"), logits, model)
+        made[case] = (routers(folder / "transformers.ndjson"), routers(folder / "llama_cpp.ndjson"), logits, model,
+                      folder)
     return made
 
 
@@ -78,7 +84,7 @@ def logit_error(reference, other):
 
 @pytest.mark.parametrize("case", list(MOE_LAYERS))
 def test_llama_cpp_routes_as_transformers_but_for_near_ties(traces, case):
-    reference, other, _, _ = traces[case]
+    reference, other, _, _, _ = traces[case]
     assert sorted(reference) == sorted(other) == MOE_LAYERS[case]
     differing = near_ties = 0
     for layer in MOE_LAYERS[case]:
@@ -111,7 +117,7 @@ def test_the_models_have_decisive_choices_and_a_few_near_ties(traces, case):
 
 
 def test_deepseek_v3s_selection_bias_changes_choices_and_never_weights(traces):
-    reference, _, logits, model = traces["deepseek_v3"]
+    reference, _, logits, model, _ = traces["deepseek_v3"]
     changed = 0
     for layer, gate in moe_models.routers(model).items():
         bias = gate.e_score_correction_bias.detach().numpy().astype(np.float64)
@@ -130,7 +136,7 @@ def test_deepseek_v3s_selection_bias_changes_choices_and_never_weights(traces):
 def test_probabilities_returned_as_logits_are_recorded_as_their_logarithm(traces, tmp_path):
     """Early transformers 5 routers returned softmax probabilities as logits: recorded as their
     logarithm, the same choice and margins as the logits give."""
-    reference, _, _, model = traces["qwen3_moe"]
+    reference, _, _, model, _ = traces["qwen3_moe"]
 
     def as_probabilities(_module, _args, output):
         return torch.softmax(output[0].float(), dim=-1), output[1], output[2]
@@ -173,3 +179,18 @@ def test_the_other_moe_families_routers_are_recorded_per_layer(case, tmp_path):
         assert all(t["margin"] >= 0 for t in event["tokens"])
         if case == "mixtral":  # Mixtral always renormalises its top-k
             assert all(abs(sum(t["weights"]) - 1) < 1e-5 for t in event["tokens"])
+
+
+@pytest.mark.parametrize("case", list(MOE_LAYERS))
+def test_model_trace_diff_reads_both_sides_routers(traces, case):
+    """The CLI reads the router events both Python writers wrote: ``model-trace diff --json``
+    compares every token of every MoE layer and finds them routed alike."""
+    folder = traces[case][4]
+    result = subprocess.run(model_trace_cli("diff", "--json", folder / "transformers.ndjson",
+                                            folder / "llama_cpp.ndjson"), cwd=REPO, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr
+    routing = json.loads(result.stdout)["routing"]
+    assert (routing["tokens"], routing["differing"], routing["divergences"], routing["weights_differ"]) == (
+        len(MOE_LAYERS[case]) * len(TOKENS), 0, 0, 0)
+    assert [layer["layer"] for layer in routing["layers"]] == MOE_LAYERS[case]

@@ -1,9 +1,12 @@
 """The router record computed in Python (model_trace.routing) and written as a ``router`` event
 (TraceWriter.router): the same cases as the Rust recorder's unit tests
-(trace-runtime/src/record/routing.rs), each value checked against its definition. Pure numpy:
-well under a second."""
+(trace-runtime/src/record/routing.rs), each value checked against its definition, and the Rust
+recorder's own outputs (tests/data/router_cases.json) reproduced. Pure numpy: well under a
+second."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +184,51 @@ def test_the_writer_writes_the_router_event_of_the_format(tmp_path):
 
     assert [as_f32(t) for t in event["tokens"]] == [as_f32(t) for t in expected["tokens"]]
     assert event["tokens"][0]["weights"] == [1.5, 1.0]
+
+
+#: The Rust recorder's cases: inputs and the record trace_runtime::RoutedToken::from_routing
+#: computes from them (trace-runtime/tests/router_cases.rs writes and checks them).
+RUST_CASES = Path(__file__).resolve().parents[2] / "tests" / "data" / "router_cases.json"
+
+
+def read_float(value):
+    return {"NaN": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value, value) if isinstance(value, str) else value
+
+
+def floats(values):
+    return np.array([[read_float(v) for v in row] for row in values], dtype=np.float32)
+
+
+def same_f32(ours, theirs, ulps):
+    """Equal as float32 (NaN to NaN), or within ``ulps`` float32 steps."""
+    a, b = np.float32(ours), np.float32(read_float(theirs))
+    if np.isnan(a) or np.isnan(b) or np.isinf(a) or np.isinf(b):
+        return (np.isnan(a) and np.isnan(b)) or a == b
+    return abs(int(a.view(np.int32)) - int(b.view(np.int32))) <= ulps if np.sign(a) == np.sign(b) else a == b
+
+
+def test_python_computes_the_rust_recorders_cases():
+    """Every case of the Rust recorder's file: the same runner-up, margins, logits and load;
+    floats equal as float32, but ``logit_margin`` found by bisection (a bias or groups), which
+    may end a few float32 steps apart (the file's own note)."""
+    cases = json.loads(RUST_CASES.read_text(encoding="utf-8"))["cases"]
+    assert cases
+    for case in cases:
+        groups = case["groups"]
+        bias = None if case["bias"] is None else [read_float(b) for b in case["bias"]]
+        record = routing_record(floats(case["logits"]), np.array(case["experts"]), floats(case["weights"]),
+                                case["scoring"], bias, None if groups is None else (groups["groups"], groups["top_groups"]))
+        assert record["load"] == case["load"], case["about"]
+        bisected = bias is not None or groups is not None
+        for ours, theirs in zip(record["tokens"], case["tokens"], strict=True):
+            where = f"{case['about']}, row {theirs['row']}"
+            assert set(ours) == set(theirs), where
+            assert (ours["row"], ours["experts"], ours["runner_up"]) == (theirs["row"], theirs["experts"],
+                                                                         theirs["runner_up"]), where
+            for key in ("weights", "logits"):
+                assert all(same_f32(a, b, 0) for a, b in zip(ours[key], theirs[key], strict=True)), (where, key)
+            for key in ("margin", "group_margin"):
+                if key in theirs:
+                    assert same_f32(ours[key], theirs[key], 0), (where, key, ours[key], theirs[key])
+            assert same_f32(ours["logit_margin"], theirs["logit_margin"], 4 if bisected else 0), (
+                where, ours["logit_margin"], theirs["logit_margin"])
