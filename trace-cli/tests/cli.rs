@@ -283,6 +283,38 @@ fn bad_input_exits_2_naming_the_file_and_line() {
 }
 
 #[test]
+fn events_of_an_unknown_kind_are_passed_over_and_said() {
+    let dir = scratch("unknown-kind");
+    let model = Model {
+        scale: 1.0,
+        reverse: false,
+    };
+    let good = write_trace(&dir, "good.ndjson", &model, None);
+    let newer = dir.join("newer.ndjson");
+    let mut lines: Vec<String> = std::fs::read_to_string(&good)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let future = r#"{"event":"from_the_future","seq":1000,"pass":0}"#.to_owned();
+    lines.insert(2, future.clone());
+    lines.insert(3, future);
+    std::fs::write(&newer, lines.join("\n") + "\n").unwrap();
+    for command in ["summary", "list"] {
+        let read = run(&[command, newer.to_str().unwrap()]);
+        assert_eq!(read.status.code(), Some(0), "{}", text(&read));
+        assert!(
+            text(&read).contains("newer.ndjson: 2 `from_the_future` events not read"),
+            "{}",
+            text(&read)
+        );
+    }
+    let same = run(&["diff", good.to_str().unwrap(), newer.to_str().unwrap()]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same));
+    assert!(text(&same).contains("not read"), "{}", text(&same));
+}
+
+#[test]
 fn report_is_one_page_with_its_data_and_the_diff() {
     let dir = scratch("report");
     let model = |reverse| Model {

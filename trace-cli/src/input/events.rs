@@ -107,6 +107,7 @@ pub(crate) fn read(
     }
     let mut notes = ReadNotes::default();
     for source in sources {
+        warn_unknown_events(&source);
         notes.bytes += source.reader.bytes_read();
         notes.truncated.extend(source.truncated);
         if !source.ended {
@@ -116,6 +117,19 @@ pub(crate) fn read(
         }
     }
     Ok(notes)
+}
+
+/// Says on stderr which events of `source` were passed over: kinds this reader does not know,
+/// in a file of a schema that lets a reader skip them (a newer writer's records).
+fn warn_unknown_events(source: &Source<'_>) {
+    for (kind, count) in source.reader.unknown_events() {
+        eprintln!(
+            "model-trace: warning: {}: {count} `{kind}` event{} not read (a kind this \
+             model-trace does not know: written by a newer writer?)",
+            source.file.path.display(),
+            if *count == 1 { "" } else { "s" },
+        );
+    }
 }
 
 /// One file being read, one event ahead.
