@@ -138,6 +138,7 @@ mod enabled {
             .expect("starts");
         grouped(0, &[0.0, 1.0, 2.0, 4.0, 1.0, 0.0]);
         grouped(0, &[0.0, 1.0, 2.0, 1.5, 1.0, 0.0]);
+        grouped(0, &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0]);
         let logits = TensorRef::new(&LOGITS, &[3, 4]).unwrap();
         let weights = TensorRef::new(&WEIGHTS, &[2, 3]).unwrap();
         trace_router_value!(&logits, &weights, &weights, name = "mismatch");
@@ -161,6 +162,13 @@ mod enabled {
         );
         assert!(
             has(RecordErrorKind::Shape, "expert id 1.5 (row 1)"),
+            "{messages:?}"
+        );
+        assert!(
+            has(
+                RecordErrorKind::Shape,
+                "row 1 chooses expert 2 twice ([2, 2])"
+            ),
             "{messages:?}"
         );
         assert!(

@@ -338,6 +338,12 @@ def routing_record(logits: Any, experts: Any, weights: Any, scoring: str = "soft
     if chosen.size and (chosen.min() < 0 or chosen.max() >= num_experts):
         wrong = chosen.max() if chosen.max() >= num_experts else chosen.min()
         raise RoutingError(f"the router chose expert {int(wrong)} of {num_experts}")
+    for row, ids in enumerate(chosen.tolist()):
+        twice = next((e for i, e in enumerate(ids) if e in ids[:i]), None)
+        if twice is not None:
+            # A router chooses k distinct experts: a repeat is a tensor read with the wrong shape.
+            raise RoutingError(f"row {row} chooses expert {twice} twice ({ids}): the experts are read as "
+                               f"[rows, top_k] and the logits as [rows, experts]")
     bias_values = None if bias is None else np.asarray(bias, dtype=np.float32).reshape(-1)
     groups = None if groups is None else (int(groups[0]), int(groups[1]))
     check_rule(num_experts, scoring, bias_values, groups)

@@ -145,6 +145,7 @@ def test_a_call_reads_batch_major_rows_and_counts_the_load():
 
 @pytest.mark.parametrize("change, message", [
     (dict(experts=[[0, 4]]), "chose expert 4 of 4"),
+    (dict(experts=[[2, 2]]), "row 0 chooses expert 2 twice"),
     (dict(weights=[[0.5, 0.5], [0.5, 0.5]]), "1 rows, its experts 1 and its weights 2"),
     (dict(bias=[0.0] * 3), "3 values for 4 experts"),
     (dict(groups=(3, 1)), "do not split"),

@@ -282,9 +282,12 @@ fn read_routing(
     })
 }
 
-/// The ids as integers, or which one is not an expert's.
+/// The ids as integers, or which one is not an expert's, or the row that names an expert twice
+/// (a router chooses k distinct experts: a row that repeats one is most likely a tensor read
+/// with the wrong shape, such as a flat buffer taken for one token).
 fn expert_ids(ids: &[f32], dims: RouterDims) -> Result<Vec<u32>, String> {
-    ids.iter()
+    let experts = ids
+        .iter()
         .enumerate()
         .map(|(at, &id)| {
             if id >= 0.0 && id.fract() == 0.0 && (id as usize) < dims.experts {
@@ -297,7 +300,21 @@ fn expert_ids(ids: &[f32], dims: RouterDims) -> Result<Vec<u32>, String> {
                 ))
             }
         })
-        .collect()
+        .collect::<Result<Vec<u32>, String>>()?;
+    for (row, chosen) in experts.chunks(dims.top_k).enumerate() {
+        if let Some(twice) = chosen
+            .iter()
+            .enumerate()
+            .find_map(|(i, id)| chosen[..i].contains(id).then_some(id))
+        {
+            return Err(format!(
+                "row {row} chooses expert {twice} twice ({chosen:?}): the experts are read as \
+                 [rows, top_k] and the logits as [rows, experts] (a flat buffer needs a \
+                 TensorRef with its shape)"
+            ));
+        }
+    }
+    Ok(experts)
 }
 
 fn routed_tokens(
