@@ -543,9 +543,13 @@ pub use trace_macros::trace_logits;
 /// The three values are tensors ([`TraceTensor`]): the router logits `[.., experts]` (a
 /// `[batch, seq, experts]` tensor is read batch-major, as transformers does), the weights and
 /// the expert ids `[.., top_k]` with as many rows; ids may be integer tensors (candle's `U32`,
-/// `I64`) or floats holding integers. A shape that does not fit, an id that is no expert's or
-/// a value that is not a tensor is a record error of the tracepoint, and the call is not
-/// recorded; an `Err` or `None` records nothing.
+/// `I64`) or floats holding integers. Give the logits as the gate computed them, before any
+/// softmax or sigmoid (`diff` compares a softmax router's logits up to a shift per token).
+/// Shapes come from the tensors: a flat `Vec` or slice is one row, so give several tokens as a
+/// [`TensorRef`] with their shape (`TensorRef::new(&logits, &[tokens, experts])`). A shape that
+/// does not fit, an id that is no expert's, a row that names an expert twice or a value that is
+/// not a tensor is a record error of the tracepoint, and the call is not recorded; an `Err` or
+/// `None` records nothing.
 ///
 /// Arguments, all optional, evaluated after the body:
 /// - `scoring = softmax | sigmoid`: how the logits become the scores experts are chosen by
