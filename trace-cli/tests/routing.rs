@@ -59,6 +59,9 @@ struct Run {
     mlp_in_off: Option<usize>,
     /// In this layer, every chosen expert and runner-up id is one more (mod the experts).
     experts_shifted: Option<usize>,
+    /// Every token's router logits recorded as log-probabilities (less their logsumexp): the
+    /// same softmax router, shifted per token.
+    log_probabilities: bool,
 }
 
 /// The router logits of a token: experts `(row + layer) % 8` and `+3` at 3 and 2, the runner-up
@@ -178,6 +181,10 @@ impl Run {
             for (e, l) in logits.iter_mut().enumerate() {
                 *l += if e % 2 == 1 { 1.5 } else { -1.5 };
             }
+        }
+        if self.log_probabilities {
+            let logsumexp = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+            logits.iter_mut().for_each(|l| *l -= logsumexp);
         }
         let mut token = routed(row, &logits, self.unnormalized == Some(layer));
         if self.experts_shifted == Some(layer) {
@@ -336,8 +343,13 @@ fn a_near_tie_is_told_from_a_divergence() {
         )
     );
     assert_eq!(first["verdict"], "near_tie");
+    // Up to a shift: the listed logits off by (±NOISE, −NOISE, +NOISE), less their mean, whose
+    // largest is 4/3·NOISE.
     let error = first["logit_error"].as_f64().unwrap();
-    assert!((error - f64::from(NOISE)).abs() < 1e-4, "{error}");
+    assert!(
+        (error - 4.0 / 3.0 * f64::from(NOISE)).abs() < 1e-4,
+        "{error}"
+    );
     assert!(routing["first_divergence"].is_null());
     assert_eq!(
         routing["weights_differ"], 0,
@@ -697,7 +709,7 @@ fn router_logits_off_from_an_input_within_the_tolerance_are_the_routers_own() {
     assert_eq!(layer["router_logits"]["own_error"], true);
     let said = text(&run(&["diff", &reference, &other]));
     assert!(
-        said.contains("layer 1: the router's own logits differ: RMS error 3.00e-3"),
+        said.contains("layer 1: the router's own logits differ: RMS error 2.83e-3"),
         "{said}"
     );
     assert!(
@@ -791,4 +803,52 @@ fn tokens_listing_no_expert_in_common_have_an_unknown_error_never_0() {
         said.contains("layer 1: 8 tokens chose experts of which the other lists none"),
         "{said}"
     );
+}
+
+#[test]
+fn softmax_router_logits_are_compared_up_to_a_shift_per_token() {
+    let dir = scratch("routing-shift");
+    // The reference records log-probabilities, the other raw logits and a wrong choice.
+    let reference = write(
+        &dir,
+        "ref.ndjson",
+        Run {
+            log_probabilities: true,
+            ..Run::default()
+        },
+    );
+    let wrong = write(&dir, "wrong.ndjson", Run::wrong(&[(1, 2, 0)]));
+    let (_, json) = diff_json(&[&reference, &wrong]);
+    let routing = &json["routing"];
+    assert_eq!(
+        verdicts(routing),
+        ["same", "same", "routing"],
+        "{routing:#}"
+    );
+    assert_eq!(routing["divergences"], 1, "{routing:#}");
+    assert_eq!(routing["near_ties"], 0, "{routing:#}");
+}
+
+#[test]
+fn a_floor_with_only_near_ties_does_not_excuse_a_divergence() {
+    let dir = scratch("routing-floor-ties");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    // A divergence in layer 1; the floor has one token differing there too, a near-tie.
+    let other = write(&dir, "other.ndjson", Run::wrong(&[(0, 1, 3)]));
+    let floor = write(
+        &dir,
+        "floor.ndjson",
+        Run {
+            noise: true,
+            ..Run::default()
+        },
+    );
+    let (_, json) = diff_json(&[&reference, &other, "--floor", &floor, "--rtol", NOISE_RTOL]);
+    let layer = &json["routing"]["layers"][1];
+    assert_eq!(layer["verdict"], "routing", "{layer:#}");
+    assert_eq!(layer["floor"]["differing"], 1, "{layer:#}");
+    assert_eq!(layer["floor"]["near_ties"], 1, "{layer:#}");
+    assert_eq!(layer["floor"]["divergences"], 0, "{layer:#}");
+    assert_eq!(layer["within_floor"], false, "{layer:#}");
+    assert_eq!(layer["flagged"], true, "{layer:#}");
 }
