@@ -62,6 +62,8 @@ struct Run {
     /// Every token's router logits recorded as log-probabilities (less their logsumexp): the
     /// same softmax router, shifted per token.
     log_probabilities: bool,
+    /// No `mlp_in` traced (the router's input).
+    no_mlp_in: bool,
 }
 
 /// The router logits of a token: experts `(row + layer) % 8` and `+3` at 3 and 2, the runner-up
@@ -228,7 +230,9 @@ fn block(run: &Run, pass: usize, layer: usize) {
         1.0
     };
     let mlp_in: Vec<f32> = attn_out.iter().map(|a| (a + 2.0) * off).collect();
-    trace_tensor!("mlp_in", &mlp_in);
+    if !run.no_mlp_in {
+        trace_tensor!("mlp_in", &mlp_in);
+    }
     let mlp_out = run.mlp_out(pass, layer);
     trace_tensor!("mlp_out", &mlp_out);
 }
@@ -601,6 +605,10 @@ fn summary_gives_each_layers_load_and_says_which_tokens_are_not_the_top_k() {
     );
     let said = text(&run(&["summary", &wrong]));
     assert!(
+        said.contains("ties: tokens whose margin is exactly 0"),
+        "{said}"
+    );
+    assert!(
         said.contains(
             "layer 2: 1 of its 8 tokens chose experts that are not the top-2 of their own \
              selection scores"
@@ -851,4 +859,28 @@ fn a_floor_with_only_near_ties_does_not_excuse_a_divergence() {
     assert_eq!(layer["floor"]["divergences"], 0, "{layer:#}");
     assert_eq!(layer["within_floor"], false, "{layer:#}");
     assert_eq!(layer["flagged"], true, "{layer:#}");
+}
+
+#[test]
+fn router_logits_off_without_mlp_in_say_so_in_one_clause() {
+    let dir = scratch("routing-no-mlp-in");
+    let bare = Run {
+        no_mlp_in: true,
+        ..Run::default()
+    };
+    let reference = write(&dir, "ref.ndjson", bare);
+    let off = Run {
+        logits_off: Some(1),
+        ..bare
+    };
+    let other = write(&dir, "off.ndjson", off);
+    let said = text(&run(&["diff", &reference, &other]));
+    assert!(
+        said.contains(
+            "rtol 1e-5), with mlp_in not traced (an inherited error cannot be ruled out): the \
+             router's computation"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("): ("), "{said}");
 }
