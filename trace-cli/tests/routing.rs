@@ -391,8 +391,12 @@ fn a_near_tie_is_told_from_a_divergence() {
     );
     // After the stage comparison's headline, before its per-layer table.
     let headline = said
-        .find("no divergence: every matched tensor")
+        .find("no tensor divergence: every matched tensor")
         .expect("the headline");
+    assert!(
+        said.contains("routing differs: layer 2 first (routing), 1 of 3 layers flagged"),
+        "{said}"
+    );
     let routing_at = said.find("routing:").expect("the routing");
     let table = said.find("layer  worst tensor").expect("the stage table");
     assert!(headline < routing_at && routing_at < table, "{said}");
@@ -883,4 +887,43 @@ fn router_logits_off_without_mlp_in_say_so_in_one_clause() {
         "{said}"
     );
     assert!(!said.contains("): ("), "{said}");
+}
+
+#[test]
+fn a_flagged_routing_layer_makes_diff_exit_1_and_near_ties_do_not() {
+    let dir = scratch("routing-exit");
+    let reference = write(&dir, "ref.ndjson", Run::default());
+    let noisy = Run {
+        noise: true,
+        ..Run::default()
+    };
+    let tie = write(&dir, "tie.ndjson", noisy);
+    let wrong = Run {
+        wrong_choice: &[(1, 2, 0)],
+        ..noisy
+    };
+    let wrong_path = write(&dir, "wrong.ndjson", wrong);
+    // Near-ties only: not flagged, exit 0, the clean headline.
+    let output = run(&["diff", &reference, &tie, "--rtol", NOISE_RTOL]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    assert!(text(&output).contains("no divergence: every matched tensor"));
+    // A divergence: every tensor within, yet exit 1.
+    let (code, json) = diff_json(&[&reference, &wrong_path, "--rtol", NOISE_RTOL]);
+    assert!(json["first_divergence"].is_null(), "{json:#}");
+    assert_eq!(code, Some(1));
+    // Within a floor that has it: exit 0.
+    let floor = write(&dir, "floor.ndjson", wrong);
+    let (code, json) = diff_json(&[
+        &reference,
+        &wrong_path,
+        "--rtol",
+        NOISE_RTOL,
+        "--floor",
+        &floor,
+    ]);
+    assert_eq!(
+        json["routing"]["layers"][2]["within_floor"], true,
+        "{json:#}"
+    );
+    assert_eq!(code, Some(0));
 }

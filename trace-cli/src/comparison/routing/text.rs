@@ -108,9 +108,9 @@ impl RoutingReport {
             colors.dim(
                 "(differ: tokens whose chosen experts differ as a set; a near-tie when the \
                  reference's logit margin is within the other's router-logit error on that token, \
-                 the largest |other − reference| over the logits both list, else a divergence; \
-                 weights: tokens that chose alike whose weights differ past what that error \
-                 explains)"
+                 the largest |other − reference| over the logits both list (softmax routers: \
+                 each side less its mean over them), else a divergence; weights: tokens that \
+                 chose alike whose weights differ past what that error explains)"
             )
         );
     }
