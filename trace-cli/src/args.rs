@@ -88,6 +88,8 @@ pub(crate) enum Command {
     /// --check-error-stat, the tolerance is chosen from the two headers' precisions
     /// (metadata.precision) and the output says which and why: the same F32 weights, norm at
     /// rtol 1e-4; quantized weights on either side, norm at rtol 0.15; else elementwise 1e-5.
+    /// Exit 0: nothing diverged; 1: a tensor diverged or a routing layer is flagged (a token
+    /// routed differently past the logit error, weights or the router's own logits off).
     Diff(DiffArgs),
     /// One self-contained HTML page of plots: each stage through the layers, the outputs
     /// through the passes, the attention heads, logit evolution, quantization error, KV cache,
@@ -154,7 +156,7 @@ pub(crate) struct DiffArgs {
     /// The port run again with every layer fed the reference's captured input
     /// (`MODEL_TRACE_ISOLATE=REFERENCE`): shows each layer's error inherited from the layers
     /// before it (OTHER) beside its own (ISOLATED), names the first layer whose own error
-    /// leaves the tolerance, and exits 1 only if one does.
+    /// leaves the tolerance, and exits 1 only if one does (or a routing layer is flagged).
     #[arg(long, value_name = "ISOLATED")]
     pub(crate) isolated: Option<PathBuf>,
     #[command(flatten)]

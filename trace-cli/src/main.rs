@@ -1,7 +1,7 @@
 //! `model-trace`: read trace files written by the model-trace runtime or its Python package.
 //!
 //! Exit codes: 0 when everything matched (or the command succeeded), 1 when `diff` found a
-//! divergence or `check` a stage identity that fails, 2 for bad input (an unreadable or
+//! divergence or a flagged routing layer, or `check` a stage identity that fails, 2 for bad input (an unreadable or
 //! malformed file, bad options).
 //!
 //! Modules import downwards only: this file parses the arguments (`args`) and dispatches to

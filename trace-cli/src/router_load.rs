@@ -176,7 +176,7 @@ pub(crate) fn summary_text(out: &mut String, layers: &[LayerLoad], colors: &Colo
         colors.dim(
             "(imbalance: the busiest expert's tokens over the mean; idle: experts that got no \
              token; margin: the weakest chosen expert's selection score minus the runner-up's, \
-             by pass and row)"
+             by pass and row; ties: tokens whose margin is exactly 0)"
         )
     );
     for layer in layers

@@ -56,7 +56,7 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
             comparison.warn_unused_overrides();
             crate::output::emit(&report.text(colors))?;
         }
-        return Ok(if comparison.diverged() {
+        return Ok(if comparison.diverged() || comparison.routing_flagged() {
             Outcome::Diverged
         } else {
             Outcome::Ok
@@ -88,7 +88,7 @@ pub(crate) fn run(args: &DiffArgs, colors: &Colors) -> Result<Outcome, InputErro
         local.text(&mut text, colors);
         crate::output::emit(&text)?;
     }
-    Ok(if local.diverged() {
+    Ok(if local.diverged() || comparison.routing_flagged() {
         Outcome::Diverged
     } else {
         Outcome::Ok

@@ -201,6 +201,11 @@ impl TraceComparison {
         self.findings.table.pass.unwrap_or(0)
     }
 
+    /// A routing layer is flagged: `diff` exits 1 for it as for a divergence.
+    pub(crate) fn routing_flagged(&self) -> bool {
+        self.routing().is_some_and(|r| r.first_flagged().is_some())
+    }
+
     /// The routers compared; `None` when neither trace has router calls.
     pub(crate) fn routing(&self) -> Option<&routing::RoutingReport> {
         self.findings.routing.report()

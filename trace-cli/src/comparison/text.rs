@@ -179,18 +179,28 @@ impl DiffReport<'_> {
     /// The first divergence (or none), then the first pass where the runs chose other tokens
     /// (or that they chose the same).
     fn first_divergences(&self, out: &mut String, colors: &Colors) {
-        match &self.first_divergence {
-            None => {
+        let routing = self.routing.and_then(|routing| routing.headline());
+        match (&self.first_divergence, &routing) {
+            (None, None) => {
                 let _ = writeln!(
                     out,
                     "{}",
                     colors.good("no divergence: every matched tensor is within tolerance")
                 );
             }
-            Some(d) => {
+            (None, Some(_)) => {
+                let _ = writeln!(
+                    out,
+                    "no tensor divergence: every matched tensor is within tolerance"
+                );
+            }
+            (Some(d), _) => {
                 describe(out, colors, d, self.tolerance, self.floor_factor);
                 self.weights_hint(out, d);
             }
+        }
+        if let Some(routing) = routing {
+            let _ = writeln!(out, "{}", colors.bad(&routing));
         }
         if let Some(tokens) = self.first_token_divergence {
             let text = tokens.text();

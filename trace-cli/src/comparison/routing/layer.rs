@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use trace_runtime::compare::{Tolerance, Tolerances};
-use trace_runtime::{RoutedToken, RouterEvent};
+use trace_runtime::{RoutedToken, RouterEvent, RouterScoring};
 
 use super::logits::{LogitErrors, RouterLogitsJudged};
 use super::token::{
-    common_logits, judge, logit_error, same_experts, weights_past_error, RoutingVerdict,
+    judge, logit_error, same_experts, shifted_common_logits, weights_past_error, RoutingVerdict,
     WeightDifference,
 };
 
@@ -103,8 +103,9 @@ pub(crate) struct LayerRouting {
     pub(crate) computation_not_choice: bool,
     /// With a floor: the floor's routing against the reference's in this layer.
     pub(crate) floor: Option<FloorRouting>,
-    /// With a floor: this layer's differences are no more than the floor's, its router logits
-    /// not its own error against the floor's (`null` without one).
+    /// With a floor: this layer's divergences no more than the floor's, its near-ties no more
+    /// than the floor's differing tokens, its weights differences no more than the floor's, its
+    /// router logits not its own error against the floor's (`null` without one).
     pub(crate) within_floor: Option<bool>,
     /// The verdict is `routing`, `weights`, `router_logits` or `experts_differ`, and not
     /// within the floor.
@@ -145,6 +146,8 @@ pub(crate) struct LayerJudging<'a> {
 pub(crate) struct FloorRouting {
     pub(crate) tokens: usize,
     pub(crate) differing: usize,
+    pub(crate) near_ties: usize,
+    pub(crate) divergences: usize,
     pub(crate) weights_differ: usize,
 }
 
@@ -252,7 +255,13 @@ impl LayerRouting {
                 match outcome(reference, other, error) {
                     TokenOutcome::Same => {}
                     TokenOutcome::Weights(_) => floor.weights_differ += 1,
-                    TokenOutcome::Differ(_) => floor.differing += 1,
+                    TokenOutcome::Differ(verdict) => {
+                        floor.differing += 1;
+                        match verdict {
+                            RoutingVerdict::NearTie => floor.near_ties += 1,
+                            RoutingVerdict::Divergence => floor.divergences += 1,
+                        }
+                    }
                 }
             }
         }
@@ -323,8 +332,12 @@ impl LayerRouting {
         let floor = judging.floor_factor.is_some();
         self.within_floor = floor.then(|| {
             let f = self.floor.unwrap_or_default();
-            // The router logits were judged against the floor's already.
-            self.differing <= f.differing && self.weights_differ <= f.weights_differ && !own_logits
+            // A divergence is excused only by as many of the floor's; a near-tie by any of its
+            // differences. The router logits were judged against the floor's already.
+            self.divergences <= f.divergences
+                && self.near_ties <= f.differing
+                && self.weights_differ <= f.weights_differ
+                && !own_logits
         });
         let serious = !matches!(self.verdict, LayerVerdict::Same | LayerVerdict::NearTies);
         self.flagged = serious && self.within_floor != Some(true);
@@ -414,13 +427,15 @@ fn token_pairs<'a>(
     measure: &mut LogitMeasure<'_>,
 ) -> Vec<TokenPair<'a>> {
     let by_row: BTreeMap<usize, &RoutedToken> = theirs.tokens.iter().map(|t| (t.row, t)).collect();
+    // Two softmax routers are the same router up to a per-token shift of their logits.
+    let shift_free = [ours.scoring, theirs.scoring] == [RouterScoring::Softmax; 2];
     let pairs: Vec<(&RoutedToken, &RoutedToken, Option<f64>)> = (ours.tokens.iter())
         .filter_map(|reference| {
             let other = by_row.get(&reference.row)?;
-            for (a, b) in common_logits(reference, other) {
-                measure.errors.add(a, b, measure.tolerance);
+            for (a, b, recorded) in shifted_common_logits(reference, other, shift_free) {
+                measure.errors.add(a, b, recorded, measure.tolerance);
             }
-            Some((reference, *other, logit_error(reference, other)))
+            Some((reference, *other, logit_error(reference, other, shift_free)))
         })
         .collect();
     for error in pairs.iter().filter_map(|p| p.2).filter(|e| !e.is_nan()) {

@@ -23,9 +23,11 @@ pub(crate) struct LogitErrors {
 }
 
 impl LogitErrors {
-    /// Folds in one logit of each run, `tolerance` the layer's.
-    pub(crate) fn add(&mut self, reference: f32, other: f32, tolerance: Tolerance) {
-        let (reference, other) = (f64::from(reference), f64::from(other));
+    /// Folds in one logit of each run (for two softmax routers, each less its side's mean over
+    /// the token's common experts: see `token::common_logits`), `tolerance` the layer's.
+    /// `recorded` is the reference's logit as recorded: the scale of `rtol` and of the
+    /// reference's RMS.
+    pub(crate) fn add(&mut self, reference: f64, other: f64, recorded: f64, tolerance: Tolerance) {
         let d = (other - reference).abs();
         if d.is_nan() {
             self.nan = true;
@@ -33,10 +35,10 @@ impl LogitErrors {
         }
         self.count += 1;
         self.error_squares += d * d;
-        self.reference_squares += reference * reference;
+        self.reference_squares += recorded * recorded;
         self.worst_element = self
             .worst_element
-            .max(ratio(d, tolerance.atol + tolerance.rtol * reference.abs()));
+            .max(ratio(d, tolerance.atol + tolerance.rtol * recorded.abs()));
     }
 
     fn rms(sum: f64, count: usize) -> f64 {
@@ -191,7 +193,7 @@ mod tests {
     fn errors(pairs: &[(f32, f32)], tolerance: Tolerance) -> LogitErrors {
         let mut errors = LogitErrors::default();
         for &(a, b) in pairs {
-            errors.add(a, b, tolerance);
+            errors.add(f64::from(a), f64::from(b), f64::from(a), tolerance);
         }
         errors
     }

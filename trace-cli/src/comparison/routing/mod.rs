@@ -96,6 +96,26 @@ pub(crate) struct RoutingReport {
     pub(crate) notes: Vec<String>,
 }
 
+impl RoutingReport {
+    /// The first layer flagged (its verdict `routing`, `weights`, `router_logits` or
+    /// `experts_differ`, and not within the floor); `None`: none.
+    pub(crate) fn first_flagged(&self) -> Option<&LayerRouting> {
+        self.layers.iter().find(|layer| layer.flagged)
+    }
+
+    /// The one line under the stage comparison's headline naming the first flagged layer.
+    pub(crate) fn headline(&self) -> Option<String> {
+        let first = self.first_flagged()?;
+        let flagged = self.layers.iter().filter(|layer| layer.flagged).count();
+        Some(format!(
+            "routing differs: layer {} first ({}), {flagged} of {} layers flagged",
+            first.layer,
+            first.verdict.word(),
+            self.layers.len()
+        ))
+    }
+}
+
 impl RoutingComparison {
     /// A comparison whose router logits are judged by the stages' `tolerances`
     /// (`layer.N.router_logits` for overrides).

@@ -108,9 +108,9 @@ impl RoutingReport {
             colors.dim(
                 "(differ: tokens whose chosen experts differ as a set; a near-tie when the \
                  reference's logit margin is within the other's router-logit error on that token, \
-                 the largest |other − reference| over the logits both list, else a divergence; \
-                 weights: tokens that chose alike whose weights differ past what that error \
-                 explains)"
+                 the largest |other − reference| over the logits both list (softmax routers: \
+                 each side less its mean over them), else a divergence; weights: tokens that \
+                 chose alike whose weights differ past what that error explains)"
             )
         );
     }
@@ -184,10 +184,10 @@ fn router_logits_line(out: &mut String, layer: &LayerRouting, colors: &Colors) {
     };
     let input = match (logits.input, logits.input_ratio) {
         (RouterInput::NotTraced, _) | (_, None) => {
-            "(mlp_in not traced: an inherited error cannot be ruled out)".to_owned()
+            ", with mlp_in not traced (an inherited error cannot be ruled out)".to_owned()
         }
         (_, Some(input)) => format!(
-            "{:.3} times the tolerance, from an mlp_in at {input:.3} times it",
+            ": {:.3} times the tolerance, from an mlp_in at {input:.3} times it",
             logits.ratio
         ),
     };
@@ -208,7 +208,7 @@ fn router_logits_line(out: &mut String, layer: &LayerRouting, colors: &Colors) {
         colors.bad(&format!(
             "layer {}: the router's own logits differ: RMS error {:.2e} on {} logits listed by \
              both (the reference's RMS {:.2e}{floor}), beyond the stages' tolerance ({} atol \
-             {:e}, rtol {:e}): {input}: the router's computation (its gate weights, its \
+             {:e}, rtol {:e}){input}: the router's computation (its gate weights, its \
              precision){flips}",
             layer.layer,
             logits.rms_error,

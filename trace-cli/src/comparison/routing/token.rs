@@ -35,23 +35,60 @@ fn listed_logits(token: &RoutedToken) -> impl Iterator<Item = (u32, f32)> + '_ {
     experts.zip(token.logits.iter().copied())
 }
 
-/// The logits both tokens list of the same expert: `(reference's, other's)`.
-pub(crate) fn common_logits<'a>(
-    reference: &'a RoutedToken,
-    other: &'a RoutedToken,
-) -> impl Iterator<Item = (f32, f32)> + 'a {
-    listed_logits(other).filter_map(move |(expert, theirs)| {
-        let (_, ours) = listed_logits(reference).find(|&(e, _)| e == expert)?;
-        Some((ours, theirs))
-    })
+/// The logits both tokens list of the same expert: `(reference's, other's)`. With `shift_free`
+/// (both routers softmax, whose choice, margins and weights depend only on the gaps between
+/// logits), each side's less its own mean over those experts, so that a side recording
+/// log-probabilities or max-subtracted logits is the same router; there fewer than 2 in common
+/// measure nothing (no gap), and none is returned.
+pub(crate) fn common_logits(
+    reference: &RoutedToken,
+    other: &RoutedToken,
+    shift_free: bool,
+) -> Vec<(f64, f64)> {
+    shifted_common_logits(reference, other, shift_free)
+        .into_iter()
+        .map(|(ours, theirs, _)| (ours, theirs))
+        .collect()
+}
+
+/// [`common_logits`], each with the reference's logit as recorded (the scale of a relative
+/// tolerance): `(reference's, other's, reference's as recorded)`.
+pub(crate) fn shifted_common_logits(
+    reference: &RoutedToken,
+    other: &RoutedToken,
+    shift_free: bool,
+) -> Vec<(f64, f64, f64)> {
+    let common: Vec<(f64, f64)> = listed_logits(other)
+        .filter_map(|(expert, theirs)| {
+            let (_, ours) = listed_logits(reference).find(|&(e, _)| e == expert)?;
+            Some((f64::from(ours), f64::from(theirs)))
+        })
+        .collect();
+    if !shift_free {
+        return common.into_iter().map(|(a, b)| (a, b, a)).collect();
+    }
+    if common.len() < 2 {
+        return Vec::new();
+    }
+    let n = common.len() as f64;
+    let ours_mean = common.iter().map(|p| p.0).sum::<f64>() / n;
+    let theirs_mean = common.iter().map(|p| p.1).sum::<f64>() / n;
+    (common.into_iter())
+        .map(|(ours, theirs)| (ours - ours_mean, theirs - theirs_mean, ours))
+        .collect()
 }
 
 /// The other's router-logit error on a token: the largest `|other − reference|` over the
-/// experts both list a logit of; `None` when they list none in common. NaN when a logit is.
-pub(crate) fn logit_error(reference: &RoutedToken, other: &RoutedToken) -> Option<f64> {
+/// experts both list a logit of (`shift_free`: up to a shift, see [`common_logits`]); `None`
+/// when there is nothing to measure it on. NaN when a logit is.
+pub(crate) fn logit_error(
+    reference: &RoutedToken,
+    other: &RoutedToken,
+    shift_free: bool,
+) -> Option<f64> {
     let mut error: Option<f64> = None;
-    for (ours, theirs) in common_logits(reference, other) {
-        let d = (f64::from(theirs) - f64::from(ours)).abs();
+    for (ours, theirs) in common_logits(reference, other, shift_free) {
+        let d = (theirs - ours).abs();
         error = Some(match error {
             Some(e) if e.is_nan() || e >= d => e,
             _ => d,
@@ -175,18 +212,24 @@ mod tests {
         let ours = token(&[1, 2], &[0.6, 0.4], 3, &[2.0, 1.0, 0.9]);
         let theirs = token(&[2, 1], &[0.4, 0.6], 4, &[1.1, 2.05, 0.0]);
         // experts 1 and 2 in both; 3 and 4 each in one list only
-        let error = logit_error(&ours, &theirs).expect("shared experts");
+        let error = logit_error(&ours, &theirs, false).expect("shared experts");
         assert!((error - 0.1).abs() < 1e-6, "{error}");
         assert!(same_experts(&ours, &theirs));
         let apart = token(&[5, 6], &[0.5, 0.5], 7, &[1.0, 1.0, 0.0]);
-        assert_eq!(logit_error(&ours, &apart), None);
+        assert_eq!(logit_error(&ours, &apart, false), None);
+        // Softmax on both sides: a per-token shift is no error; one common expert measures none.
+        let shifted = token(&[1, 2], &[0.6, 0.4], 3, &[-1.0, -2.0, -2.1]);
+        assert!(logit_error(&ours, &shifted, true).expect("common") < 1e-6);
+        assert!((logit_error(&ours, &shifted, false).unwrap() - 3.0).abs() < 1e-9);
+        let one = token(&[1, 5], &[0.6, 0.4], 6, &[-1.0, 0.0, 0.0]);
+        assert_eq!(logit_error(&ours, &one, true), None);
     }
 
     #[test]
     fn a_nan_logit_makes_the_error_nan_and_the_verdict_a_divergence() {
         let ours = token(&[1, 2], &[0.6, 0.4], 3, &[2.0, 1.0, 0.9]);
         let theirs = token(&[1, 3], &[0.6, 0.4], 2, &[f32::NAN, 1.0, 0.9]);
-        let error = logit_error(&ours, &theirs).expect("shared experts");
+        let error = logit_error(&ours, &theirs, false).expect("shared experts");
         assert!(error.is_nan());
         assert_eq!(judge(&ours, Some(error)), RoutingVerdict::Divergence);
         assert_eq!(judge(&ours, None), RoutingVerdict::Divergence);
