@@ -1,4 +1,4 @@
-//! The command line: `gpu_check bench ...` and `gpu_check verify ...`.
+//! The command line: `gpu_check bench ...`, `verify`, `reads`, `parts` and `trace`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ usage: gpu_check bench [--device cpu|cuda] [--dtype f32|f16|bf16] [--rounds R] [
                        [--layers N] [--json OUT]
        gpu_check verify [--device cpu|cuda] [--json OUT]
        gpu_check reads [--device cpu|cuda] [--sizes N,N,...] [--rounds R] [--passes P] [--json OUT]
+       gpu_check parts [--device cpu|cuda] [--rounds R] [--passes P] [--json OUT]
        gpu_check trace --out FILE [--device cpu|cuda] [--dtype f32|f16|bf16] [--passes P]
                        [--layers N] [--capture PATTERN]
 bench:  a SmolLM2-shaped decode step with random weights, untraced and traced, in R rounds of P
@@ -19,6 +20,9 @@ verify: statistics and digests of tensors read on the device against the CPU's
 reads:  what one tensor's statistics cost in a forward pass, by size, reduced on the device and
         copied to the host, and the size below which the copy is cheaper
         (defaults: 1 to 4M elements, 5 rounds of 20 passes)
+parts:  the host time one read of a 576-element device tensor costs, split into its parts (the
+        session's bookkeeping, the device pointer, the queue, the pass, a digest)
+        (defaults: 10 rounds of 20 passes)
 trace:  the decode step traced in full (without quantization) into a trace file, to diff the
         same model on two devices (default: 2 passes)
 --device defaults to cuda when built with the `cuda` feature and a GPU opens, else cpu";
@@ -83,6 +87,14 @@ pub struct ReadsArgs {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+pub struct PartsArgs {
+    pub device: Option<DeviceKind>,
+    pub rounds: usize,
+    pub passes: usize,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct TraceArgs {
     pub device: Option<DeviceKind>,
     pub dtype: DType,
@@ -98,6 +110,7 @@ pub enum Command {
     Bench(BenchArgs),
     Verify(VerifyArgs),
     Reads(ReadsArgs),
+    Parts(PartsArgs),
     Trace(TraceArgs),
     Help,
 }
@@ -107,15 +120,16 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     let mut args = args.into_iter();
     let command = args
         .next()
-        .ok_or("missing the command: bench, verify, reads or trace")?;
+        .ok_or("missing the command: bench, verify, reads, parts or trace")?;
     match command.as_str() {
         "bench" => parse_bench(args).map(Command::Bench),
         "verify" => parse_verify(args).map(Command::Verify),
         "reads" => parse_reads(args).map(Command::Reads),
+        "parts" => parse_parts(args).map(Command::Parts),
         "trace" => parse_trace(args).map(Command::Trace),
         "-h" | "--help" | "help" => Ok(Command::Help),
         other => Err(format!(
-            "unknown command {other:?}: bench, verify, reads or trace"
+            "unknown command {other:?}: bench, verify, reads, parts or trace"
         )),
     }
 }
@@ -196,6 +210,25 @@ fn parse_reads(args: impl Iterator<Item = String>) -> Result<ReadsArgs, String> 
             "--passes" => parsed.passes = parse_count(&flag, &value)?,
             "--json" => parsed.json = Some(PathBuf::from(value)),
             other => return Err(format!("reads takes no {other}")),
+        }
+    }
+    Ok(parsed)
+}
+
+fn parse_parts(args: impl Iterator<Item = String>) -> Result<PartsArgs, String> {
+    let mut parsed = PartsArgs {
+        device: None,
+        rounds: 10,
+        passes: 20,
+        json: None,
+    };
+    for (flag, value) in flags(args)? {
+        match flag.as_str() {
+            "--device" => parsed.device = Some(parse_device(&value)?),
+            "--rounds" => parsed.rounds = parse_count(&flag, &value)?,
+            "--passes" => parsed.passes = parse_count(&flag, &value)?,
+            "--json" => parsed.json = Some(PathBuf::from(value)),
+            other => return Err(format!("parts takes no {other}")),
         }
     }
     Ok(parsed)
@@ -325,6 +358,15 @@ mod tests {
             panic!("reads parses");
         };
         assert_eq!(defaults.sizes, DEFAULT_READ_SIZES);
+        let Ok(Command::Parts(parts)) = parse_words("parts --device cpu --rounds 3 --json p.json")
+        else {
+            panic!("parts parses");
+        };
+        assert_eq!(
+            (parts.device, parts.rounds, parts.passes),
+            (Some(DeviceKind::Cpu), 3, 20)
+        );
+        assert_eq!(parts.json, Some(PathBuf::from("p.json")));
         let Ok(Command::Trace(trace)) =
             parse_words("trace --device cpu --out t.ndjson --capture layer:*")
         else {
@@ -350,6 +392,7 @@ mod tests {
             "bench extra",
             "reads --sizes 1,,2",
             "reads --sizes 0",
+            "parts --sizes 1",
             "trace --device cpu",
         ] {
             assert!(parse_words(words).is_err(), "{words:?}");

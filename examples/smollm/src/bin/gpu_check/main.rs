@@ -5,6 +5,7 @@
 //! gpu_check bench [--device cpu|cuda] [--dtype f32|f16|bf16] [--rounds R] [--passes P] [--layers N] [--json OUT]
 //! gpu_check verify [--device cpu|cuda] [--json OUT]
 //! gpu_check reads [--device cpu|cuda] [--sizes N,N,...] [--rounds R] [--passes P] [--json OUT]
+//! gpu_check parts [--device cpu|cuda] [--rounds R] [--passes P] [--json OUT]
 //! gpu_check trace --out FILE [--device cpu|cuda] [--dtype f32|f16|bf16] [--passes P] [--layers N] [--capture PATTERN]
 //! ```
 //!
@@ -14,12 +15,13 @@
 //! (see the `bench` module for how it measures). `verify` records tensors on the device and
 //! the same tensors on the CPU and compares the statistics and digests model-trace keeps of
 //! them (the `verify` module). `reads` times what one tensor's statistics cost in a pass, by
-//! size, on each of the two device paths (the `reads` module); `trace` writes the step's trace
+//! size, on each of the two device paths (the `reads` module); `parts` splits one read's host
+//! time into its parts, each measured on its own (the `parts` module); `trace` writes the step's trace
 //! file, so that the same model on two devices can be diffed (the `trace` module). All take the
 //! device from `--device`; by default GPU 0 when the binary was built with the `cuda` feature
 //! and one opens, else the CPU, saying so. Built without `--features trace`, the annotations
 //! are compiled out: `bench` then measures the untraced step in every configuration, and
-//! `verify`, `reads` and `trace` refuse to run.
+//! `verify`, `reads`, `parts` and `trace` refuse to run.
 //!
 //! Exit status: 0 success (every case matched, for `verify`), 1 a check failed (a mismatch,
 //! logits of the traced step that differ from the twin's, record errors), 2 bad arguments or a
@@ -29,6 +31,7 @@ mod args;
 mod bench;
 mod device;
 mod model;
+mod parts;
 mod reads;
 mod trace;
 mod verify;
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Ok(Command::Bench(args)) => bench::run(&args),
         Ok(Command::Verify(args)) => verify::run(&args),
         Ok(Command::Reads(args)) => reads::run(&args),
+        Ok(Command::Parts(args)) => parts::run(&args),
         Ok(Command::Trace(args)) => trace::run(&args),
         Err(message) => Err(Failure::Usage(message)),
     };

@@ -2,9 +2,11 @@
 //! size, on each of the two ways model-trace reads a device tensor.
 //!
 //! A pass here does nothing but record: `#[trace_model]` around `layers` calls of a
-//! `#[trace_layer]` that returns its input, so each call reads the same tensor twice (input and
-//! output), `2 · layers` reads a pass, all read back together when the pass returns. Three
-//! ways to run it:
+//! `#[trace_layer]` that takes one tensor and returns another, `2 · layers` reads a pass, all
+//! read back together when the pass returns. Every read is of a tensor of its own (copies of
+//! the same values): a batch reads a tensor it has already read once (a layer's output that is
+//! the next layer's input), so reading one tensor `2 · layers` times would time that lookup,
+//! not a read. Three ways to run it:
 //!
 //! * untraced: the same calls with no session (the annotations find none), then the device's
 //!   synchronize: the floor every pass pays;
@@ -21,6 +23,7 @@
 //! smallest measured size from which reading on the device is never dearer than the copy:
 //! below it, `ModelTracerConfig::device_copy_below` should send tensors to the copy.
 
+use std::path::Path;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -53,13 +56,6 @@ impl Way {
         (Self::Copy, "copy"),
     ];
 
-    fn key(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(way, _)| *way == self)
-            .map_or("", |&(_, key)| key)
-    }
-
     fn session(self) -> Option<ModelTracerConfig> {
         let copy_below = match self {
             Self::Untraced => return None,
@@ -78,47 +74,75 @@ fn many_layers(size: usize) -> usize {
     (MAX_ELEMENTS_PER_PASS / size.max(1)).clamp(2, MAX_READS) / 2
 }
 
-/// A pass of `layers` layers, each reading `tensor` as its input and its output.
+/// A pass of `tensors.len() / 2` layers, layer `i` reading `tensors[2i]` as its input and
+/// `tensors[2i + 1]` as its output.
 #[trace_model(position = position, name = "reads")]
-fn read_pass(tensor: &Tensor, layers: usize, position: usize) {
-    for index in 0..layers {
-        let _ = read_layer(tensor, index);
+fn read_pass(tensors: &[Tensor], position: usize) {
+    for (index, pair) in tensors.chunks_exact(2).enumerate() {
+        let _ = read_layer(&pair[0], &pair[1], index);
     }
 }
 
 #[trace_layer(index = index)]
-fn read_layer(tensor: &Tensor, index: usize) -> Tensor {
-    let _ = index;
-    tensor.clone()
+fn read_layer(input: &Tensor, output: &Tensor, index: usize) -> Tensor {
+    let _ = (input, index);
+    output.clone()
 }
 
-/// Times `passes` passes of `layers` layers read `way`; the session's record errors fail it.
-fn block(
-    way: Way,
-    tensor: &Tensor,
-    layers: usize,
+/// `count` tensors on `device`, each with storage of its own, all holding `values`.
+pub fn distinct_copies(values: &Tensor, count: usize) -> Result<Vec<Tensor>, Failure> {
+    Ok((0..count)
+        .map(|_| values.copy())
+        .collect::<candle_core::Result<_>>()?)
+}
+
+/// Times `passes` passes over `tensors` (two a layer), in a session of `config` (`None`: no
+/// session) that writes a trace file to `file` if given (removed afterwards); the session's
+/// record errors fail it, and so does a count of tensors kept in memory other than the reads'.
+pub fn block(
+    config: Option<ModelTracerConfig>,
+    file: Option<&Path>,
+    label: &str,
+    tensors: &[Tensor],
     passes: usize,
     device: &Device,
 ) -> Result<Vec<f64>, Failure> {
-    let session = way.session().map(Session::start);
+    let session =
+        match config {
+            None => None,
+            Some(config) => {
+                let mut builder = Session::builder(config);
+                if let Some(file) = file {
+                    builder = builder.trace_file(file);
+                }
+                Some(builder.start().map_err(|e| {
+                    Failure::Setup(format!("{label}: the session does not start: {e}"))
+                })?)
+            }
+        };
     let mut times_ms = Vec::with_capacity(passes);
     for position in 0..passes {
         let start = Instant::now();
-        read_pass(tensor, layers, position);
+        read_pass(tensors, position);
         device.synchronize()?;
         times_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }
     if let Some(session) = session {
         let (tracer, errors) = session.finish_with_errors();
         if let Some(first) = errors.first() {
-            return Err(Failure::Failed(format!("{}: {first}", way.key())));
+            return Err(Failure::Failed(format!("{label}: {first}")));
+        }
+        if let Some(file) = file {
+            std::fs::remove_file(file).map_err(|e| {
+                Failure::Setup(format!("{label}: cannot remove {}: {e}", file.display()))
+            })?;
+            return Ok(times_ms);
         }
         let recorded = crate::tensors_recorded(&tracer);
-        if model_trace::ENABLED && recorded != 2 * layers * passes {
+        let reads = tensors.len() / 2 * 2 * passes;
+        if model_trace::ENABLED && recorded != reads {
             return Err(Failure::Failed(format!(
-                "{}: {recorded} tensors recorded, not {}",
-                way.key(),
-                2 * layers * passes
+                "{label}: {recorded} tensors recorded, not {reads}"
             )));
         }
     }
@@ -175,12 +199,9 @@ pub fn run(args: &ReadsArgs) -> Result<(), Failure> {
 }
 
 fn measure_size(size: usize, args: &ReadsArgs, device: &Device) -> Result<SizeFigures, Failure> {
-    let mut draws = Draws::new(0x5eed, size as u64);
-    let values: Vec<f32> = (0..size).map(|_| draws.symmetric()).collect();
-    let tensor = Tensor::from_vec(values, size, &Device::Cpu)?
-        .to_dtype(DType::F32)?
-        .to_device(device)?;
+    let tensor = random_tensor(size, device)?;
     let layers = many_layers(size);
+    let tensors = distinct_copies(&tensor, 2 * layers)?;
     let mut figures = SizeFigures {
         size,
         layers,
@@ -188,15 +209,15 @@ fn measure_size(size: usize, args: &ReadsArgs, device: &Device) -> Result<SizeFi
         short: Default::default(),
     };
     // Untimed: the first passes load the kernel and allocate the batch's buffers.
-    for &(way, _) in &Way::ALL {
-        block(way, &tensor, layers, 2, device)?;
+    for &(way, key) in &Way::ALL {
+        block(way.session(), None, key, &tensors, 2, device)?;
     }
     for round in 0..args.rounds {
         for turn in 0..Way::ALL.len() {
-            let way = Way::ALL[(round + turn) % Way::ALL.len()].0;
-            let long = block(way, &tensor, layers, args.passes, device)?;
+            let (way, key) = Way::ALL[(round + turn) % Way::ALL.len()];
+            let long = block(way.session(), None, key, &tensors, args.passes, device)?;
             figures.long[way as usize].extend(long);
-            let short = block(way, &tensor, 1, args.passes, device)?;
+            let short = block(way.session(), None, key, &tensors[..2], args.passes, device)?;
             figures.short[way as usize].extend(short);
         }
     }
@@ -206,6 +227,15 @@ fn measure_size(size: usize, args: &ReadsArgs, device: &Device) -> Result<SizeFi
         figures.read_us(Way::Copy)
     );
     Ok(figures)
+}
+
+/// `size` f32 values drawn from a fixed seed, on `device`.
+pub fn random_tensor(size: usize, device: &Device) -> Result<Tensor, Failure> {
+    let mut draws = Draws::new(0x5eed, size as u64);
+    let values: Vec<f32> = (0..size).map(|_| draws.symmetric()).collect();
+    Ok(Tensor::from_vec(values, size, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .to_device(device)?)
 }
 
 /// The smallest measured size from which the device's read is never dearer than the copy (the
