@@ -27,6 +27,7 @@ pub const ENABLED: bool = cfg!(feature = "enabled");
 // The ground floor: the vocabulary every other module speaks.
 mod config;
 mod float;
+mod id_hash;
 mod select;
 mod tracepoint;
 

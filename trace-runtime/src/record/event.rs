@@ -26,7 +26,7 @@ pub(crate) fn labels(
     tracepoint: Option<&'static Tracepoint>,
 ) -> (Cow<'static, str>, Cow<'static, str>) {
     tracepoint.map_or((Cow::Borrowed(""), Cow::Borrowed("")), |tp| {
-        (Cow::Borrowed(tp.name), Cow::Owned(tp.path()))
+        (Cow::Borrowed(tp.name), Cow::Borrowed(tp.static_path()))
     })
 }
 

@@ -5,11 +5,15 @@
 //! them when the program starts (before `main`, through the platform's static constructors), so
 //! a program can print what it is able to trace before it runs anything.
 
+use std::cell::RefCell;
 use std::fmt;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod callsite;
+
+use crate::id_hash::IdMap;
 
 use callsite::Registered;
 
@@ -116,6 +120,33 @@ impl Tracepoint {
         } else {
             format!("{}::{}", self.module_path, self.function)
         }
+    }
+
+    /// [`path`](Self::path) of a tracepoint that lives as long as the program (every
+    /// annotation's does), built once per tracepoint and kept: events carry it on every call,
+    /// and formatting it anew each time was a fifth of a layer call's bookkeeping. One string
+    /// a tracepoint is kept for the process; a thread finds it in its own table after the
+    /// first time, without a lock.
+    pub(crate) fn static_path(&'static self) -> &'static str {
+        type Paths = IdMap<usize, &'static str>;
+        thread_local! {
+            static SEEN: RefCell<Paths> = RefCell::default();
+        }
+        static KEPT: OnceLock<Mutex<Paths>> = OnceLock::new();
+        // The address names the tracepoint: a `'static` one is never freed, so never reused.
+        let key = std::ptr::from_ref(self) as usize;
+        let seen = |seen: &RefCell<Paths>| seen.borrow().get(&key).copied();
+        if let Some(path) = SEEN.try_with(seen).ok().flatten() {
+            return path;
+        }
+        let path = *KEPT
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_insert_with(|| Box::leak(self.path().into_boxed_str()));
+        let _ = SEEN.try_with(|seen| seen.borrow_mut().insert(key, path));
+        path
     }
 
     /// Orders by kind, module, name, then location, so listings are stable across builds:

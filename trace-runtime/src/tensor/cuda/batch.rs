@@ -16,7 +16,6 @@
 //! flushed at its end at the latest.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -31,6 +30,7 @@ use super::kernel::{
 };
 use super::layout::DeviceLayout;
 use super::values::{self, Gathered};
+use crate::id_hash::IdMap;
 use crate::summary::TensorSummary;
 use crate::tensor::TensorError;
 
@@ -51,7 +51,7 @@ const STAGING_ALIGN: usize = 16;
 
 thread_local! {
     /// This thread's batch per device (a session lives on one thread; so do its passes).
-    static BATCHES: RefCell<HashMap<DeviceId, Rc<RefCell<Batch>>>> = RefCell::default();
+    static BATCHES: RefCell<IdMap<DeviceId, Rc<RefCell<Batch>>>> = RefCell::default();
 }
 
 /// The batch of `device` on this thread, created on first use.
@@ -177,8 +177,8 @@ pub(super) struct Batch {
     /// The tensors already read in this batch, by the slot of their statistics and the gather
     /// read of their values (with a digest or not): a tensor read twice (a layer's output is the
     /// next layer's input) is read once.
-    seen_stats: HashMap<TensorId, usize>,
-    seen_gathers: HashMap<(TensorId, bool), usize>,
+    seen_stats: IdMap<TensorId, usize>,
+    seen_gathers: IdMap<(TensorId, bool), usize>,
     /// The batch's gather reads, and once it is read back, their summaries (taken by the reads
     /// as they finish).
     gathers: Vec<GatherRead>,
@@ -203,8 +203,8 @@ impl Batch {
             staging: Vec::new(),
             tables: Vec::new(),
             queue: Queue::default(),
-            seen_stats: HashMap::new(),
-            seen_gathers: HashMap::new(),
+            seen_stats: IdMap::default(),
+            seen_gathers: IdMap::default(),
             gathers: Vec::new(),
             summaries: Vec::new(),
             number: 0,
