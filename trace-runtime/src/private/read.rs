@@ -3,7 +3,6 @@
 use crate::record::RecordErrorKind;
 use crate::session::registry;
 use crate::session::state::{StageRead, TensorPlan};
-use crate::stats::TensorStats;
 use crate::summary::{RowSummaries, TensorSummary};
 use crate::tensor::{summarize, takes_digest, SummaryRequest, TraceTensor, ValuesReader};
 use crate::tracepoint::callsite::Callsite;
@@ -25,14 +24,7 @@ pub(super) fn read_stage(
             copy_below: plan.copy_below,
         };
         match tensor.start_summary(&request) {
-            Some(Ok(read)) => {
-                let placeholder = TensorSummary::from_stats(
-                    tensor.shape().into_owned(),
-                    tensor.dtype_name(),
-                    TensorStats::default(),
-                );
-                return Some(StageRead::Later(placeholder, read, cs.tracepoint()));
-            }
+            Some(Ok(read)) => return Some(StageRead::Later(read, cs.tracepoint())),
             Some(Err(error)) => {
                 let message = format!("{what}: {error}");
                 registry::with_session(generation, |s| {

@@ -68,10 +68,13 @@ impl TensorPlan {
 
 /// A tensor of a layer as a hook read it: its summary, or a read that the end of the pass
 /// finishes (a device's, see [`TraceTensor::start_summary`](crate::TraceTensor::start_summary)).
+// The summary inline: boxing it would add an allocation to every host read, for a value that
+// is moved a few times on its way to the layer's record.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum StageRead {
     Now(TensorSummary),
-    /// The summary's shape and dtype, and the read that fills in the rest.
-    Later(TensorSummary, PendingSummary, &'static Tracepoint),
+    /// The read that gives the summary at the end of the pass, and the tracepoint that asked.
+    Later(PendingSummary, &'static Tracepoint),
 }
 
 /// The reads of the open pass that its end finishes, and the events held back until then, so
@@ -85,14 +88,16 @@ struct Deferred {
 }
 
 impl Deferred {
-    /// The summary to record for the stage `seq` now: the read's own, or the placeholder of a
-    /// read kept for the end of the pass.
+    /// The summary to record for the stage `seq` now: the read's own, or an empty placeholder
+    /// for a read kept for the end of the pass. The event that holds it is held back until
+    /// then, and the read's summary replaces it whole (a read that fails takes its stage out),
+    /// so nothing sees the placeholder: it costs no allocation.
     fn take(&mut self, seq: u64, read: StageRead) -> TensorSummary {
         match read {
             StageRead::Now(summary) => summary,
-            StageRead::Later(placeholder, read, tracepoint) => {
+            StageRead::Later(read, tracepoint) => {
                 self.reads.push((seq, read, tracepoint));
-                placeholder
+                TensorSummary::default()
             }
         }
     }
@@ -447,13 +452,15 @@ impl SessionState {
         if self.deferred.reads.is_empty() {
             return;
         }
-        let Deferred { reads, held } = std::mem::take(&mut self.deferred);
+        // The buffers go back when this is done: every pass of a decode loop holds as many.
+        let mut reads = std::mem::take(&mut self.deferred.reads);
+        let mut held = std::mem::take(&mut self.deferred.held);
         let mut done: Vec<_> = reads
-            .into_iter()
+            .drain(..)
             .map(|(seq, read, tracepoint)| (seq, Some(read.finish()), tracepoint))
             .collect();
         let mut failures = Vec::new();
-        for mut event in held {
+        for mut event in held.drain(..) {
             if let Event::Layer(layer) = &mut event {
                 let index = layer.layer;
                 layer.stages.retain_mut(|stage| {
@@ -480,6 +487,9 @@ impl SessionState {
             }
             self.deliver(&event);
         }
+        // Delivering starts no read, and nothing is held while no read is pending.
+        debug_assert!(self.deferred.reads.is_empty() && self.deferred.held.is_empty());
+        self.deferred = Deferred { reads, held };
         for (tracepoint, message) in failures {
             self.note_error(Some(tracepoint), RecordErrorKind::Read, message);
         }

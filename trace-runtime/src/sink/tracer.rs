@@ -214,9 +214,17 @@ impl ModelTracer {
         if self.config.trace_activations
             && self.reserve(std::mem::size_of::<ModelActivationTrace>())
         {
+            // Room for as many layers as the last pass had: the next pass of a model has as
+            // many, and growing a vector of them pass after pass copies each layer record
+            // several times.
+            let layers = self
+                .activation_traces
+                .last()
+                .map_or(0, |last| last.layers.len());
             open.activations = Some(self.activation_traces.len());
             self.activation_traces.push(ModelActivationTrace {
                 position,
+                layers: Vec::with_capacity(layers),
                 ..ModelActivationTrace::default()
             });
         }
