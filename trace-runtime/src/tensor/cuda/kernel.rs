@@ -55,14 +55,14 @@ impl From<&DeviceLayout> for KernelLayout {
     fn from(layout: &DeviceLayout) -> Self {
         let mut dims = [1u64; MAX_RANK];
         let mut strides = [0u64; MAX_RANK];
-        for (at, (&dim, &stride)) in layout.dims.iter().zip(&layout.strides).enumerate() {
+        for (at, (&dim, &stride)) in layout.dims().iter().zip(layout.strides()).enumerate() {
             dims[at] = dim as u64;
             strides[at] = stride as u64;
         }
         Self {
             offset: layout.offset as u64,
             count: layout.count as u64,
-            rank: layout.dims.len() as u64,
+            rank: layout.dims().len() as u64,
             dims,
             strides,
         }

@@ -6,15 +6,17 @@
 pub(super) const MAX_RANK: usize = 8;
 
 /// A tensor's elements in its storage, row-major: element `i` (of `count`) is at `offset` plus
-/// `Σ index_d · strides[d]`, all in elements.
+/// `Σ index_d · strides[d]`, all in elements. Held inline (no allocation: every device read
+/// makes one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct DeviceLayout {
     pub(super) offset: usize,
     pub(super) count: usize,
     /// At least one dimension; size-1 dimensions dropped, runs that are contiguous in memory
-    /// merged.
-    pub(super) dims: Vec<usize>,
-    pub(super) strides: Vec<usize>,
+    /// merged. `dims[..rank]` and `strides[..rank]` are the layout's.
+    rank: usize,
+    dims: [usize; MAX_RANK],
+    strides: [usize; MAX_RANK],
 }
 
 impl DeviceLayout {
@@ -22,39 +24,53 @@ impl DeviceLayout {
     /// dimensions remain after merging.
     pub(super) fn new(offset: usize, dims: &[usize], strides: &[usize]) -> Option<Self> {
         let count = dims.iter().product();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(dims.len());
+        let mut layout = Self {
+            offset,
+            count,
+            rank: 0,
+            dims: [0; MAX_RANK],
+            strides: [0; MAX_RANK],
+        };
         for (&dim, &stride) in dims.iter().zip(strides) {
             if dim == 1 {
                 continue;
             }
-            match merged.last_mut() {
+            let last = layout.rank.checked_sub(1);
+            match last {
                 // The outer dimension steps over exactly one run of the inner one.
-                Some((outer_dim, outer_stride)) if *outer_stride == dim * stride => {
-                    *outer_dim *= dim;
-                    *outer_stride = stride;
+                Some(at) if layout.strides[at] == dim * stride => {
+                    layout.dims[at] *= dim;
+                    layout.strides[at] = stride;
                 }
-                _ => merged.push((dim, stride)),
+                _ => {
+                    let at = layout.rank;
+                    *layout.dims.get_mut(at)? = dim;
+                    layout.strides[at] = stride;
+                    layout.rank += 1;
+                }
             }
         }
-        if merged.is_empty() {
-            merged.push((count, 1));
+        if layout.rank == 0 {
+            (layout.dims[0], layout.strides[0], layout.rank) = (count, 1, 1);
         }
-        if merged.len() > MAX_RANK {
-            return None;
-        }
-        Some(Self {
-            offset,
-            count,
-            dims: merged.iter().map(|&(dim, _)| dim).collect(),
-            strides: merged.iter().map(|&(_, stride)| stride).collect(),
-        })
+        Some(layout)
+    }
+
+    /// The dimensions, outermost first.
+    pub(super) fn dims(&self) -> &[usize] {
+        &self.dims[..self.rank]
+    }
+
+    /// Each dimension's stride, in elements.
+    pub(super) fn strides(&self) -> &[usize] {
+        &self.strides[..self.rank]
     }
 
     /// The storage index of element `i`, as the kernel computes it.
     #[cfg(test)]
     fn element_at(&self, mut i: usize) -> usize {
         let mut at = self.offset;
-        for (&dim, &stride) in self.dims.iter().zip(&self.strides).rev() {
+        for (&dim, &stride) in self.dims().iter().zip(self.strides()).rev() {
             at += (i % dim) * stride;
             i /= dim;
         }
@@ -78,13 +94,26 @@ mod tests {
     #[test]
     fn contiguous_tensors_are_one_run() {
         let layout = DeviceLayout::new(6, &[2, 3, 4], &[12, 4, 1]).unwrap();
-        assert_eq!(
-            (layout.dims.as_slice(), layout.strides.as_slice()),
-            (&[24][..], &[1][..])
-        );
+        assert_eq!((layout.dims(), layout.strides()), (&[24][..], &[1][..]));
         assert_eq!((layout.offset, layout.count), (6, 24));
         let scalar = DeviceLayout::new(0, &[], &[]).unwrap();
-        assert_eq!((scalar.count, scalar.dims.as_slice()), (1, &[1][..]));
+        assert_eq!((scalar.count, scalar.dims()), (1, &[1][..]));
+    }
+
+    #[test]
+    fn more_dimensions_than_the_kernel_takes_are_refused_unless_they_merge() {
+        let dims = [2usize; MAX_RANK + 1];
+        let contiguous: Vec<usize> = (0..dims.len()).rev().map(|d| 1 << d).collect();
+        let merged = DeviceLayout::new(0, &dims, &contiguous).unwrap();
+        assert_eq!(
+            (merged.dims(), merged.strides()),
+            (&[1 << dims.len()][..], &[1][..])
+        );
+        // Every other dimension transposed: nothing merges.
+        let scattered: Vec<usize> = (0..dims.len()).map(|d| 1 << d).collect();
+        assert_eq!(DeviceLayout::new(0, &dims, &scattered), None);
+        let fits = DeviceLayout::new(0, &dims[1..], &scattered[1..]).unwrap();
+        assert_eq!(fits.dims().len(), MAX_RANK);
     }
 
     #[test]
@@ -111,7 +140,7 @@ mod tests {
             let ours: Vec<usize> = (0..device.count).map(|i| device.element_at(i)).collect();
             assert_eq!(ours, candle_indices(view), "{:?}", view.layout());
             if view.is_contiguous() {
-                assert_eq!((device.dims.len(), device.strides[0]), (1, 1));
+                assert_eq!((device.dims().len(), device.strides()[0]), (1, 1));
             }
         }
     }
