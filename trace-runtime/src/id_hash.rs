@@ -52,7 +52,7 @@ mod tests {
     }
 
     #[test]
-    fn neighbouring_keys_differ_in_the_high_bits() {
+    fn neighbouring_keys_differ_in_the_tag_and_the_low_byte() {
         // A table of 2^k buckets uses the top 7 bits as tags and the low bits as the index:
         // both must change between addresses 16 bytes apart and between consecutive ids.
         for step in [1usize, 8, 16, 64] {
@@ -63,7 +63,7 @@ mod tests {
     }
 
     #[test]
-    fn aligned_addresses_use_every_bucket() {
+    fn aligned_addresses_spread_over_the_low_byte() {
         let low_bytes: std::collections::HashSet<u64> = (0..256usize)
             .map(|i| hash(0x7f00_0000 + 64 * i) & 0xff)
             .collect();

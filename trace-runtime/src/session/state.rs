@@ -4,7 +4,6 @@
 //! [`interventions`](super::interventions)'.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use super::clock;
 use super::errors::{ErrorBook, RecordError};
@@ -12,6 +11,7 @@ use super::interest::interest;
 use crate::analysis::PassRecorder;
 use crate::config::{DigestPolicy, ModelTracerConfig};
 use crate::format::CaptureWriter;
+use crate::id_hash::IdMap;
 use crate::intervene::Intervention;
 use crate::record::RecordErrorKind;
 use crate::record::{
@@ -110,7 +110,7 @@ pub(crate) struct SessionState {
     filter: TraceFilter,
     /// Callsite address -> decision bits; the callsite's own one-entry cache thrashes when
     /// sessions on several threads run the same code, and this keeps the miss cheap.
-    decisions: HashMap<usize, Interest>,
+    decisions: IdMap<usize, Interest>,
     /// Keeps the records, or only the summary (see [`SessionBuilder::in_memory`]).
     ///
     /// [`SessionBuilder::in_memory`]: super::SessionBuilder::in_memory
@@ -192,7 +192,7 @@ impl SessionState {
             },
             config,
             filter,
-            decisions: HashMap::new(),
+            decisions: IdMap::default(),
             sinks: sinks
                 .into_iter()
                 .map(|sink| SinkSlot {
@@ -487,9 +487,11 @@ impl SessionState {
             }
             self.deliver(&event);
         }
-        // Delivering starts no read, and nothing is held while no read is pending.
-        debug_assert!(self.deferred.reads.is_empty() && self.deferred.held.is_empty());
-        self.deferred = Deferred { reads, held };
+        // Delivering starts no read, and nothing is held while no read is pending; were that
+        // ever not so, what came in is kept and the emptied buffers go.
+        if self.deferred.reads.is_empty() && self.deferred.held.is_empty() {
+            self.deferred = Deferred { reads, held };
+        }
         for (tracepoint, message) in failures {
             self.note_error(Some(tracepoint), RecordErrorKind::Read, message);
         }

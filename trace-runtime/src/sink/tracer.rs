@@ -216,7 +216,8 @@ impl ModelTracer {
         {
             // Room for as many layers as the last pass had: the next pass of a model has as
             // many, and growing a vector of them pass after pass copies each layer record
-            // several times.
+            // several times. The memory limit counts each layer's room as the layer is kept
+            // (`heap_size_of_layer`); a pass shorter than the last leaves its rest uncounted.
             let layers = self
                 .activation_traces
                 .last()

@@ -3,55 +3,120 @@
 //! A read of a device tensor in a lightweight session costs the host time (the GPU's work is
 //! a few microseconds a pass, in one kernel launch): that time is the tracing's overhead on a
 //! decode step, whose host already queues the model's kernels as fast as it can. Measured here
-//! for one SmolLM2-wide tensor (576 f32 values), as [`reads`](crate::reads) measures it, and
-//! each of its parts on its own:
+//! for one SmolLM2-wide tensor (576 f32 values), and each of its parts on its own:
 //!
-//! * **read**: a pass of 64 reads of distinct device tensors in a lightweight session, over
-//!   the same pass untraced, per read;
-//! * **session**: the same pass over 1-element CPU tensors, per read: the session's
-//!   bookkeeping, which every tensor pays wherever it lives (the layer's frame, the tensor's
-//!   plan, its record); the statistics of one value cost next to nothing;
+//! * **read**: what one more read adds to a pass, in a lightweight session. Passes of 64
+//!   and of 2 reads (each of a tensor of its own) are timed against the same passes untraced;
+//!   a pass's excess is `reads · read + pass`, so the two lengths give both unknowns;
+//! * **pass**: what a pass pays once, whatever it reads; of that, the session's own part (the
+//!   pass's begin and end, the anomaly rules) is measured by the next item's passes, and the
+//!   rest is the device's: the flush, the launch, the readback and its wait;
+//! * **session**: the same two pass lengths over tensors whose summaries are finished at the
+//!   pass's end, as a device read's are, but which need no device (a closure returns a
+//!   summary computed beforehand): the session's bookkeeping of a device read, from the
+//!   annotation to the layer record delivered after the pass;
 //! * **device pointer**: cudarc's `device_ptr` on the tensor's storage, which the read calls
 //!   for the address it puts in its task (on candle's context, which tracks events, it makes
 //!   the stream wait for the slice's last write: a driver call), timed over many calls;
-//! * **queue**: the rest of a read: read − session − device pointer (the task, the tensor held
-//!   until the flush, the batch's bookkeeping);
-//! * **pass**: what a pass pays once, whatever it reads: a pass of one layer (two reads) over
-//!   the untraced one, less its two reads: the flush, the launch, the readback and its wait;
+//! * **queue**: the rest of a read: read − session − device pointer (the storage's lookup, the
+//!   layout, the task, the tensor held until the flush, the statistics decoded from the slot);
 //! * **digest**: in a session that writes a trace file (only such a session takes digests), a
 //!   read with `DigestPolicy::Always` (the values gathered, copied back and summarised with a
 //!   digest on the host, on up to four threads) over a read with the default policy (device
-//!   tensors: statistics only), per read; and on the host alone, on one thread:
-//!   `TensorSummary::of_values` of the 576 values over their statistics alone, and of that the
-//!   BLAKE3 fingerprint and the sketch. On the CPU both file sessions digest every tensor.
+//!   tensors: statistics only), per read of a pass of 64; and on the host alone, on one
+//!   thread: `TensorSummary::of_values` of the 576 values over their statistics alone, and of
+//!   that the BLAKE3 fingerprint and the sketch. On the CPU both file sessions digest every
+//!   tensor.
 //!
-//! Rounds interleave the passes (their order rotating); each figure is a median over every
-//! pass of every round, or for the calls timed alone over the rounds. On the CPU (`--device
-//! cpu`) the read is a CPU tensor's and there is no device pointer: useful to check the
-//! program, and for the session's and the digest's parts.
+//! Rounds interleave the passes (their order rotating); each pass figure is a median over every
+//! pass of every round, and each call timed alone a median over the rounds. On the CPU
+//! (`--device cpu`) the read is a CPU tensor's, read when it is traced, and there is no device
+//! pointer: useful to check the program, and for the session's and the digest's parts.
 
+use std::borrow::Cow;
 use std::hint::black_box;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use model_trace::{
-    DigestPolicy, Fingerprint, ModelTracerConfig, Sketch, TensorStats, TensorSummary,
+    trace_layer, trace_model, DigestPolicy, Fingerprint, ModelTracerConfig, PendingSummary, Sketch,
+    SummaryRequest, TensorError, TensorStats, TensorSummary, TraceTensor,
 };
 use serde_json::json;
 
 use crate::args::PartsArgs;
 use crate::device;
-use crate::reads::{block, distinct_copies, random_tensor};
+use crate::reads::{block, distinct_copies, random_tensor, CANDLE_PASS};
 use crate::{median, write_json, Failure};
 
 /// Elements of the tensor read: SmolLM2-135M's hidden size.
 const SIZE: usize = 576;
 
-/// Reads a long pass holds (32 layers).
-const READS: usize = 64;
+/// Reads a long pass holds (32 layers), and a short one (one layer).
+const LONG: usize = 64;
+const SHORT: usize = 2;
 
 /// Calls timed together in one measurement of a host-only part.
 const CALLS: usize = 2_000;
+
+/// A value whose summary is finished at the end of the pass, as a device read's is, from
+/// statistics computed beforehand: the session's bookkeeping of a device read, without one.
+#[derive(Debug, Clone, Copy)]
+struct LaterTensor {
+    value: f32,
+    stats: TensorStats,
+}
+
+impl LaterTensor {
+    fn new(value: f32) -> Self {
+        Self {
+            value,
+            stats: TensorStats::from_slice(&[value]),
+        }
+    }
+}
+
+impl TraceTensor for LaterTensor {
+    fn shape(&self) -> Cow<'_, [usize]> {
+        Cow::Borrowed(&[1])
+    }
+
+    fn dtype_name(&self) -> &'static str {
+        "f32"
+    }
+
+    fn to_f32(&self) -> Result<Cow<'_, [f32]>, TensorError> {
+        Ok(Cow::Owned(vec![self.value]))
+    }
+
+    fn on_host(&self) -> bool {
+        false
+    }
+
+    fn start_summary(
+        &self,
+        _request: &SummaryRequest,
+    ) -> Option<Result<PendingSummary, TensorError>> {
+        let stats = self.stats;
+        Some(Ok(PendingSummary::new(move || {
+            Ok(TensorSummary::from_stats(vec![1], "f32", stats))
+        })))
+    }
+}
+
+/// A pass over `LaterTensor`s, as `reads`' pass is over candle tensors.
+#[trace_model(position = position, name = "later")]
+fn later_pass(tensors: &[LaterTensor], position: usize) {
+    for (index, pair) in tensors.chunks_exact(2).enumerate() {
+        let _ = later_layer(&pair[0], &pair[1], index);
+    }
+}
+
+#[trace_layer(index = index)]
+fn later_layer(input: &LaterTensor, output: &LaterTensor, index: usize) -> LaterTensor {
+    let _ = (input, index);
+    *output
+}
 
 /// The passes measured, each a session (or none) over some tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,42 +125,50 @@ enum Pass {
     Untraced,
     /// The same, lightweight.
     Read,
-    /// The same, lightweight, writing a trace file (device tensors: statistics only).
-    FileRead,
-    /// The same with `DigestPolicy::Always`.
-    FileDigest,
     /// 2 device tensors (one layer), no session.
     ShortUntraced,
     /// The same, lightweight.
     ShortRead,
-    /// 64 one-element CPU tensors, no session.
-    CpuUntraced,
+    /// 64 device tensors, lightweight, writing a trace file (device tensors: statistics only).
+    FileRead,
+    /// The same with `DigestPolicy::Always`.
+    FileDigest,
+    /// 64 `LaterTensor`s, no session.
+    LaterUntraced,
     /// The same, lightweight.
-    CpuRead,
+    LaterRead,
+    /// 2 `LaterTensor`s, no session.
+    LaterShortUntraced,
+    /// The same, lightweight.
+    LaterShortRead,
 }
 
 impl Pass {
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 10] = [
         Self::Untraced,
         Self::Read,
-        Self::FileRead,
-        Self::FileDigest,
         Self::ShortUntraced,
         Self::ShortRead,
-        Self::CpuUntraced,
-        Self::CpuRead,
+        Self::FileRead,
+        Self::FileDigest,
+        Self::LaterUntraced,
+        Self::LaterRead,
+        Self::LaterShortUntraced,
+        Self::LaterShortRead,
     ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Untraced => "untraced",
             Self::Read => "read",
-            Self::FileRead => "read, trace file",
-            Self::FileDigest => "read with digest, trace file",
             Self::ShortUntraced => "one layer, untraced",
             Self::ShortRead => "one layer, read",
-            Self::CpuUntraced => "cpu 1 element, untraced",
-            Self::CpuRead => "cpu 1 element, read",
+            Self::FileRead => "read, trace file",
+            Self::FileDigest => "read with digest, trace file",
+            Self::LaterUntraced => "read later, untraced",
+            Self::LaterRead => "read later",
+            Self::LaterShortUntraced => "one layer read later, untraced",
+            Self::LaterShortRead => "one layer read later",
         }
     }
 
@@ -105,8 +178,15 @@ impl Pass {
             ..ModelTracerConfig::lightweight()
         };
         match self {
-            Self::Untraced | Self::ShortUntraced | Self::CpuUntraced => None,
-            Self::Read | Self::ShortRead | Self::CpuRead | Self::FileRead => Some(lightweight),
+            Self::Untraced
+            | Self::ShortUntraced
+            | Self::LaterUntraced
+            | Self::LaterShortUntraced => None,
+            Self::Read
+            | Self::ShortRead
+            | Self::FileRead
+            | Self::LaterRead
+            | Self::LaterShortRead => Some(lightweight),
             Self::FileDigest => Some(ModelTracerConfig {
                 digests: DigestPolicy::Always,
                 ..lightweight
@@ -116,22 +196,6 @@ impl Pass {
 
     fn writes_file(self) -> bool {
         matches!(self, Self::FileRead | Self::FileDigest)
-    }
-}
-
-/// The tensors each kind of pass reads.
-struct Tensors {
-    device: Vec<Tensor>,
-    cpu: Vec<Tensor>,
-}
-
-impl Tensors {
-    fn of(&self, pass: Pass) -> &[Tensor] {
-        match pass {
-            Pass::Untraced | Pass::Read | Pass::FileRead | Pass::FileDigest => &self.device,
-            Pass::ShortUntraced | Pass::ShortRead => &self.device[..2],
-            Pass::CpuUntraced | Pass::CpuRead => &self.cpu,
-        }
     }
 }
 
@@ -146,7 +210,7 @@ struct Measured {
     sketch_ns: Vec<f64>,
 }
 
-/// The parts, in µs a read (the pass's fixed cost: µs a pass).
+/// The parts: µs a read, and µs a pass for what a pass pays once.
 #[derive(Debug, Clone, Copy)]
 struct Parts {
     untraced_pass_ms: f64,
@@ -154,7 +218,8 @@ struct Parts {
     session: f64,
     device_pointer: Option<f64>,
     queue: f64,
-    pass: f64,
+    pass_once: f64,
+    session_pass_once: f64,
     digest_in_pass: f64,
     digest_host: f64,
     fingerprint: f64,
@@ -166,24 +231,37 @@ impl Measured {
         median(&self.passes[pass as usize])
     }
 
+    /// µs a traced pass takes over the same pass untraced.
+    fn excess_us(&self, traced: Pass, untraced: Pass) -> f64 {
+        (self.pass_ms(traced) - self.pass_ms(untraced)) * 1e3
+    }
+
     fn parts(&self) -> Parts {
-        let per_read = |traced: Pass, untraced: Pass, reads: usize| {
-            (self.pass_ms(traced) - self.pass_ms(untraced)) * 1e3 / reads as f64
+        // A pass's excess is `reads · per_read + once`: two lengths give both.
+        let split = |long: f64, short: f64| {
+            let per_read = (long - short) / (LONG - SHORT) as f64;
+            (per_read, short - SHORT as f64 * per_read)
         };
-        let read = per_read(Pass::Read, Pass::Untraced, READS);
-        let session = per_read(Pass::CpuRead, Pass::CpuUntraced, READS);
+        let (read, pass_once) = split(
+            self.excess_us(Pass::Read, Pass::Untraced),
+            self.excess_us(Pass::ShortRead, Pass::ShortUntraced),
+        );
+        let (session, session_pass_once) = split(
+            self.excess_us(Pass::LaterRead, Pass::LaterUntraced),
+            self.excess_us(Pass::LaterShortRead, Pass::LaterShortUntraced),
+        );
         let device_pointer =
             (!self.device_pointer_ns.is_empty()).then(|| median(&self.device_pointer_ns) / 1e3);
-        let summary_stats = median(&self.summary_stats_ns);
         Parts {
             untraced_pass_ms: self.pass_ms(Pass::Untraced),
             read,
             session,
             device_pointer,
             queue: read - session - device_pointer.unwrap_or(0.0),
-            pass: per_read(Pass::ShortRead, Pass::ShortUntraced, 1) - 2.0 * read,
-            digest_in_pass: per_read(Pass::FileDigest, Pass::FileRead, READS),
-            digest_host: (median(&self.summary_digest_ns) - summary_stats) / 1e3,
+            pass_once,
+            session_pass_once,
+            digest_in_pass: self.excess_us(Pass::FileDigest, Pass::FileRead) / LONG as f64,
+            digest_host: (median(&self.summary_digest_ns) - median(&self.summary_stats_ns)) / 1e3,
             fingerprint: median(&self.fingerprint_ns) / 1e3,
             sketch: median(&self.sketch_ns) / 1e3,
         }
@@ -204,10 +282,8 @@ pub fn run(args: &PartsArgs) -> Result<(), Failure> {
         opened.name, args.rounds, args.passes
     );
     let values = random_tensor(SIZE, &opened.device)?;
-    let tensors = Tensors {
-        device: distinct_copies(&values, READS)?,
-        cpu: distinct_copies(&random_tensor(1, &Device::Cpu)?, READS)?,
-    };
+    let device_tensors = distinct_copies(&values, LONG)?;
+    let later: Vec<LaterTensor> = (0..LONG).map(|i| LaterTensor::new(i as f32)).collect();
     let host_values: Vec<f32> = values.to_vec1()?;
     // A file of its own for each session: a session given the path of an earlier session's
     // file writes beside it under another name.
@@ -220,14 +296,36 @@ pub fn run(args: &PartsArgs) -> Result<(), Failure> {
             blocks.get()
         ));
         let file = pass.writes_file().then_some(file.as_path());
-        block(
-            pass.session(),
-            file,
-            pass.label(),
-            tensors.of(pass),
-            passes,
-            &opened.device,
-        )
+        let (config, label, device) = (pass.session(), pass.label(), &opened.device);
+        match pass {
+            Pass::Untraced | Pass::Read | Pass::FileRead | Pass::FileDigest => block(
+                config,
+                file,
+                label,
+                (&device_tensors, CANDLE_PASS),
+                passes,
+                device,
+            ),
+            Pass::ShortUntraced | Pass::ShortRead => block(
+                config,
+                file,
+                label,
+                (&device_tensors[..SHORT], CANDLE_PASS),
+                passes,
+                device,
+            ),
+            Pass::LaterUntraced | Pass::LaterRead => {
+                block(config, file, label, (&later, later_pass), passes, device)
+            }
+            Pass::LaterShortUntraced | Pass::LaterShortRead => block(
+                config,
+                file,
+                label,
+                (&later[..SHORT], later_pass),
+                passes,
+                device,
+            ),
+        }
     };
     let mut measured = Measured::default();
     // Untimed: the first passes load the kernel and allocate the batch's buffers.
@@ -306,27 +404,31 @@ fn print_table(parts: &Parts, args: &PartsArgs, device: &str) {
         .map_or_else(|| "n/a".to_owned(), |us| format!("{us:.3}"));
     println!(
         "\n| part | µs |\n|---|---:|\n\
-         | a read (576 f32, lightweight, in a pass of {READS}) | {:.3} |\n\
-         | · session bookkeeping (a 1-element CPU tensor's read) | {:.3} |\n\
+         | a read (576 f32, lightweight) | {:.3} |\n\
+         | · the session's bookkeeping (a read finished at the pass's end, no device) | {:.3} |\n\
          | · device pointer (cudarc `device_ptr`) | {pointer} |\n\
-         | · queue (the rest: task, held tensor, batch) | {:.3} |\n\
-         | a pass, once (flush, launch, readback, wait) | {:.1} |\n\
-         | a digest, in a pass (trace file: Always over the default policy) | {:.3} |\n\
+         | · queue (the rest: storage, layout, task, held tensor, slot) | {:.3} |\n\
+         | a pass, once | {:.1} |\n\
+         | · the session's (begin, end, anomaly rules) | {:.1} |\n\
+         | · the device's (flush, launch, readback, wait) | {:.1} |\n\
+         | a digest, per read of a pass of {LONG} (trace file: Always over the default policy) | {:.3} |\n\
          | · host work of a digest, one thread (of_values − statistics) | {:.3} |\n\
          | · · BLAKE3 fingerprint | {:.3} |\n\
          | · · sketch | {:.3} |",
         parts.read,
         parts.session,
         parts.queue,
-        parts.pass,
+        parts.pass_once,
+        parts.session_pass_once,
+        parts.pass_once - parts.session_pass_once,
         parts.digest_in_pass,
         parts.digest_host,
         parts.fingerprint,
         parts.sketch,
     );
     println!(
-        "\n{device}; medians of {} rounds × {} passes (untraced pass of {READS} reads: {:.3} ms); \
-         host-only parts: medians over the rounds of {CALLS} calls each.",
+        "\n{device}; medians of {} rounds × {} passes of {LONG} and {SHORT} reads (untraced pass \
+         of {LONG}: {:.3} ms); host-only parts: medians over the rounds of {CALLS} calls each.",
         args.rounds, args.passes, parts.untraced_pass_ms
     );
 }
@@ -346,19 +448,22 @@ fn to_json(
         "device": device,
         "dtype": "f32",
         "elements": SIZE,
-        "reads_per_pass": READS,
+        "reads_per_pass": [LONG, SHORT],
         "rounds": args.rounds,
         "passes": args.passes,
-        "us": {
+        "us_a_read": {
             "read": parts.read,
             "session": parts.session,
             "device_pointer": parts.device_pointer,
             "queue": parts.queue,
-            "pass": parts.pass,
             "digest_in_pass": parts.digest_in_pass,
             "digest_host": parts.digest_host,
             "fingerprint": parts.fingerprint,
             "sketch": parts.sketch,
+        },
+        "us_a_pass": {
+            "once": parts.pass_once,
+            "session": parts.session_pass_once,
         },
         "pass_ms": passes,
     })
@@ -368,21 +473,31 @@ fn to_json(
 mod tests {
     use super::*;
 
+    /// Pass times made of known parts (µs): a read of the device 2.0, of which the session
+    /// 1.0 and the device pointer 0.45; a pass 30, of which the session 4; a digest 3.
     #[test]
-    fn the_parts_add_up_to_the_read() {
+    fn the_parts_come_back_from_the_pass_times() {
+        let (read, once, session, session_once) = (2.0, 30.0, 1.0, 4.0);
+        let ms = |reads: usize, per_read: f64, once: f64| (reads as f64 * per_read + once) / 1e3;
         let mut measured = Measured::default();
-        let ms = |pass: Pass| match pass {
-            Pass::Untraced => 1.0,
-            Pass::Read => 1.128,
-            Pass::FileRead => 1.200,
-            Pass::FileDigest => 1.392,
-            Pass::ShortUntraced => 0.5,
-            Pass::ShortRead => 0.534,
-            Pass::CpuUntraced => 0.01,
-            Pass::CpuRead => 0.074,
-        };
         for pass in Pass::ALL {
-            measured.passes[pass as usize] = vec![ms(pass)];
+            let base = match pass {
+                Pass::ShortUntraced
+                | Pass::ShortRead
+                | Pass::LaterShortUntraced
+                | Pass::LaterShortRead => 0.5,
+                _ => 1.0,
+            };
+            let extra = match pass {
+                Pass::Read => ms(LONG, read, once),
+                Pass::ShortRead => ms(SHORT, read, once),
+                Pass::FileRead => ms(LONG, read + 1.0, once),
+                Pass::FileDigest => ms(LONG, read + 1.0 + 3.0, once),
+                Pass::LaterRead => ms(LONG, session, session_once),
+                Pass::LaterShortRead => ms(SHORT, session, session_once),
+                _ => 0.0,
+            };
+            measured.passes[pass as usize] = vec![base + extra];
         }
         measured.device_pointer_ns = vec![400.0, 500.0, 450.0];
         measured.summary_stats_ns = vec![300.0];
@@ -391,11 +506,12 @@ mod tests {
         measured.sketch_ns = vec![600.0];
         let parts = measured.parts();
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(close(parts.read, 2.0), "{parts:?}");
-        assert!(close(parts.session, 1.0), "{parts:?}");
+        assert!(close(parts.read, read), "{parts:?}");
+        assert!(close(parts.pass_once, once), "{parts:?}");
+        assert!(close(parts.session, session), "{parts:?}");
+        assert!(close(parts.session_pass_once, session_once), "{parts:?}");
         assert_eq!(parts.device_pointer, Some(0.45));
         assert!(close(parts.queue, 0.55), "{parts:?}");
-        assert!(close(parts.pass, 30.0), "{parts:?}");
         assert!(close(parts.digest_in_pass, 3.0), "{parts:?}");
         assert!(close(parts.digest_host, 2.4), "{parts:?}");
     }

@@ -96,17 +96,23 @@ pub fn distinct_copies(values: &Tensor, count: usize) -> Result<Vec<Tensor>, Fai
         .collect::<candle_core::Result<_>>()?)
 }
 
-/// Times `passes` passes over `tensors` (two a layer), in a session of `config` (`None`: no
-/// session) that writes a trace file to `file` if given (removed afterwards); the session's
-/// record errors fail it, and so does a count of tensors kept in memory other than the reads'.
-pub fn block(
+/// Tensors (two a layer) and the traced pass over them, given the tensors and its position.
+pub type PassOver<'a, T> = (&'a [T], fn(&[T], usize));
+
+/// Times `passes` passes of `pass` over `tensors` (two a layer), in a session of `config`
+/// (`None`: no session) that writes a trace file to `file` if given. The session's record
+/// errors fail it; so does, for a session without a file, a count of tensors kept other than
+/// the reads' (a file session keeps them in the file). The file is removed however it ends.
+pub fn block<T>(
     config: Option<ModelTracerConfig>,
     file: Option<&Path>,
     label: &str,
-    tensors: &[Tensor],
+    (tensors, pass): PassOver<'_, T>,
     passes: usize,
     device: &Device,
 ) -> Result<Vec<f64>, Failure> {
+    // Dropped after the session, which writes the file when it ends.
+    let _file = RemovedOnDrop(file);
     let session =
         match config {
             None => None,
@@ -123,7 +129,7 @@ pub fn block(
     let mut times_ms = Vec::with_capacity(passes);
     for position in 0..passes {
         let start = Instant::now();
-        read_pass(tensors, position);
+        pass(tensors, position);
         device.synchronize()?;
         times_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }
@@ -132,15 +138,9 @@ pub fn block(
         if let Some(first) = errors.first() {
             return Err(Failure::Failed(format!("{label}: {first}")));
         }
-        if let Some(file) = file {
-            std::fs::remove_file(file).map_err(|e| {
-                Failure::Setup(format!("{label}: cannot remove {}: {e}", file.display()))
-            })?;
-            return Ok(times_ms);
-        }
         let recorded = crate::tensors_recorded(&tracer);
         let reads = tensors.len() / 2 * 2 * passes;
-        if model_trace::ENABLED && recorded != reads {
+        if model_trace::ENABLED && file.is_none() && recorded != reads {
             return Err(Failure::Failed(format!(
                 "{label}: {recorded} tensors recorded, not {reads}"
             )));
@@ -148,6 +148,21 @@ pub fn block(
     }
     Ok(times_ms)
 }
+
+/// A scratch file, removed when this is dropped.
+struct RemovedOnDrop<'a>(Option<&'a Path>);
+
+impl Drop for RemovedOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(path) = self.0 {
+            // Nothing to do about a file that is not there (a session that never started).
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The pass `block` times for candle tensors.
+pub const CANDLE_PASS: fn(&[Tensor], usize) = read_pass;
 
 /// One size's figures: per way, the pass times of the long and the one-layer passes.
 struct SizeFigures {
@@ -210,14 +225,28 @@ fn measure_size(size: usize, args: &ReadsArgs, device: &Device) -> Result<SizeFi
     };
     // Untimed: the first passes load the kernel and allocate the batch's buffers.
     for &(way, key) in &Way::ALL {
-        block(way.session(), None, key, &tensors, 2, device)?;
+        block(way.session(), None, key, (&tensors, CANDLE_PASS), 2, device)?;
     }
     for round in 0..args.rounds {
         for turn in 0..Way::ALL.len() {
             let (way, key) = Way::ALL[(round + turn) % Way::ALL.len()];
-            let long = block(way.session(), None, key, &tensors, args.passes, device)?;
+            let long = block(
+                way.session(),
+                None,
+                key,
+                (&tensors, CANDLE_PASS),
+                args.passes,
+                device,
+            )?;
             figures.long[way as usize].extend(long);
-            let short = block(way.session(), None, key, &tensors[..2], args.passes, device)?;
+            let short = block(
+                way.session(),
+                None,
+                key,
+                (&tensors[..2], CANDLE_PASS),
+                args.passes,
+                device,
+            )?;
             figures.short[way as usize].extend(short);
         }
     }
