@@ -99,6 +99,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// Refuses a command that needs sessions to record (`verify`, `reads`, `parts`, `trace`) in a
+/// build without `--features trace`, where they record nothing.
+pub fn require_tracing(command: &str) -> Result<(), Failure> {
+    if model_trace::ENABLED {
+        return Ok(());
+    }
+    Err(Failure::Setup(format!(
+        "{command}: built without `--features trace`, sessions record nothing; build with \
+         `--features trace` (and `cuda` for the GPU)"
+    )))
+}
+
 /// Writes `value` as pretty JSON to `path`.
 pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)

@@ -197,6 +197,25 @@ impl Pass {
     fn writes_file(self) -> bool {
         matches!(self, Self::FileRead | Self::FileDigest)
     }
+
+    /// Over `LaterTensor`s rather than device tensors.
+    fn reads_later(self) -> bool {
+        matches!(
+            self,
+            Self::LaterUntraced | Self::LaterRead | Self::LaterShortUntraced | Self::LaterShortRead
+        )
+    }
+
+    /// The tensors a pass reads: a long or a short pass.
+    fn reads(self) -> usize {
+        match self {
+            Self::ShortUntraced
+            | Self::ShortRead
+            | Self::LaterShortUntraced
+            | Self::LaterShortRead => SHORT,
+            _ => LONG,
+        }
+    }
 }
 
 /// What was measured: pass times (ms) by pass, and ns a call of the host-only parts.
@@ -269,13 +288,7 @@ impl Measured {
 }
 
 pub fn run(args: &PartsArgs) -> Result<(), Failure> {
-    if !model_trace::ENABLED {
-        return Err(Failure::Setup(
-            "built without `--features trace`: sessions record nothing, so there is nothing to \
-             split; build with `--features trace` (and `cuda` for the GPU)"
-                .into(),
-        ));
-    }
+    crate::require_tracing("parts")?;
     let opened = device::open(args.device)?;
     eprintln!(
         "gpu_check parts: {}, {SIZE} f32 values, {} rounds of {} passes",
@@ -297,34 +310,19 @@ pub fn run(args: &PartsArgs) -> Result<(), Failure> {
         ));
         let file = pass.writes_file().then_some(file.as_path());
         let (config, label, device) = (pass.session(), pass.label(), &opened.device);
-        match pass {
-            Pass::Untraced | Pass::Read | Pass::FileRead | Pass::FileDigest => block(
+        let reads = pass.reads();
+        if pass.reads_later() {
+            block(
                 config,
                 file,
                 label,
-                (&device_tensors, CANDLE_PASS),
+                (&later[..reads], later_pass),
                 passes,
                 device,
-            ),
-            Pass::ShortUntraced | Pass::ShortRead => block(
-                config,
-                file,
-                label,
-                (&device_tensors[..SHORT], CANDLE_PASS),
-                passes,
-                device,
-            ),
-            Pass::LaterUntraced | Pass::LaterRead => {
-                block(config, file, label, (&later, later_pass), passes, device)
-            }
-            Pass::LaterShortUntraced | Pass::LaterShortRead => block(
-                config,
-                file,
-                label,
-                (&later[..SHORT], later_pass),
-                passes,
-                device,
-            ),
+            )
+        } else {
+            let tensors = &device_tensors[..reads];
+            block(config, file, label, (tensors, CANDLE_PASS), passes, device)
         }
     };
     let mut measured = Measured::default();

@@ -190,13 +190,7 @@ impl SizeFigures {
 }
 
 pub fn run(args: &ReadsArgs) -> Result<(), Failure> {
-    if !model_trace::ENABLED {
-        return Err(Failure::Setup(
-            "built without `--features trace`: sessions record nothing, so there is nothing to \
-             time; build with `--features trace` (and `cuda` for the GPU)"
-                .into(),
-        ));
-    }
+    crate::require_tracing("reads")?;
     let opened = device::open(args.device)?;
     eprintln!(
         "gpu_check reads: {}, f32, sizes {:?}, {} rounds of {} passes",

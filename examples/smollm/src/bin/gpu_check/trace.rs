@@ -19,13 +19,7 @@ use crate::model::StepModel;
 use crate::Failure;
 
 pub fn run(args: &TraceArgs) -> Result<(), Failure> {
-    if !model_trace::ENABLED {
-        return Err(Failure::Setup(
-            "built without `--features trace`: sessions record nothing; build with \
-             `--features trace` (and `cuda` for the GPU)"
-                .into(),
-        ));
-    }
+    crate::require_tracing("trace")?;
     let opened = device::open(args.device)?;
     let model = StepModel::random(args.layers, args.dtype, &opened.device)?;
     let input = StepModel::input(args.dtype, &opened.device)?;

@@ -393,13 +393,7 @@ impl Row<'_> {
 }
 
 pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
-    if !model_trace::ENABLED {
-        return Err(Failure::Setup(
-            "built without `--features trace`: sessions record nothing, so there is nothing to \
-             compare; build with `--features trace` (and `cuda` for the GPU)"
-                .into(),
-        ));
-    }
+    crate::require_tracing("verify")?;
     let opened = device::open(args.device)?;
     let cases = cases();
     let cpu: Vec<Option<Tensor>> = cases
