@@ -1,6 +1,6 @@
 //! Hashing for maps keyed by something already unique and well spread, an address or a
-//! counter's id: std's default (SipHash, built to resist chosen keys) cost ~100 instructions a
-//! lookup on paths that run for every traced tensor, where one multiplication does.
+//! counter's id: std's default (SipHash, built to resist chosen keys) cost ~140 instructions a
+//! hash (callgrind) on paths that run for every traced tensor, where one multiplication does.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

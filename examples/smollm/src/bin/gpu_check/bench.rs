@@ -12,7 +12,7 @@
 //! ratios (a round's median over the twin's median in the same round, so that drift of the
 //! machine between rounds cancels).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::args::BenchArgs;
 use crate::device::{self, CUDA_BUILT};
 use crate::model::{StepModel, TENSORS_PER_LAYER};
-use crate::{median, write_json, Failure};
+use crate::{median, write_json, Failure, TempDir};
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,25 +179,6 @@ fn finish(session: Session, config: Config) -> Result<(Option<u64>, usize), Fail
     std::fs::remove_file(&file)
         .map_err(|e| Failure::Setup(format!("cannot remove {}: {e}", file.display())))?;
     Ok((Some(bytes), tensors))
-}
-
-/// A directory of its own under the system's temporary directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<Self, Failure> {
-        let dir = std::env::temp_dir().join(format!("gpu_check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Failure::Setup(format!("cannot create {}: {e}", dir.display())))?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        // Best effort: a leftover directory in /tmp is no reason to fail a finished benchmark.
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// One configuration's figures.

@@ -37,7 +37,7 @@ mod trace;
 mod verify;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use args::Command;
@@ -109,6 +109,32 @@ pub fn require_tracing(command: &str) -> Result<(), Failure> {
         "{command}: built without `--features trace`, sessions record nothing; build with \
          `--features trace` (and `cuda` for the GPU)"
     )))
+}
+
+/// A directory of its own under the system's temporary directory, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> Result<Self, Failure> {
+        let dir = std::env::temp_dir().join(format!("gpu_check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Failure::Setup(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(Self(dir))
+    }
+}
+
+impl TempDir {
+    /// `name` inside it.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover directory in /tmp is no reason to fail a finished benchmark.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Writes `value` as pretty JSON to `path`.

@@ -47,7 +47,7 @@ use serde_json::json;
 use crate::args::PartsArgs;
 use crate::device;
 use crate::reads::{block, distinct_copies, random_tensor, CANDLE_PASS};
-use crate::{median, write_json, Failure};
+use crate::{median, write_json, Failure, TempDir};
 
 /// Elements of the tensor read: SmolLM2-135M's hidden size.
 const SIZE: usize = 576;
@@ -298,16 +298,13 @@ pub fn run(args: &PartsArgs) -> Result<(), Failure> {
     let device_tensors = distinct_copies(&values, LONG)?;
     let later: Vec<LaterTensor> = (0..LONG).map(|i| LaterTensor::new(i as f32)).collect();
     let host_values: Vec<f32> = values.to_vec1()?;
-    // A file of its own for each session: a session given the path of an earlier session's
-    // file writes beside it under another name.
+    // A file of its own for each session (a session given the path of an earlier session's
+    // file writes beside it under another name), all removed with the directory.
+    let dir = TempDir::new()?;
     let blocks = std::cell::Cell::new(0usize);
     let run = |pass: Pass, passes: usize| {
         blocks.set(blocks.get() + 1);
-        let file = std::env::temp_dir().join(format!(
-            "gpu_check-parts-{}-{}.ndjson",
-            std::process::id(),
-            blocks.get()
-        ));
+        let file = dir.join(&format!("{}.ndjson", blocks.get()));
         let file = pass.writes_file().then_some(file.as_path());
         let (config, label, device) = (pass.session(), pass.label(), &opened.device);
         let reads = pass.reads();

@@ -102,7 +102,8 @@ pub type PassOver<'a, T> = (&'a [T], fn(&[T], usize));
 /// Times `passes` passes of `pass` over `tensors` (two a layer), in a session of `config`
 /// (`None`: no session) that writes a trace file to `file` if given. The session's record
 /// errors fail it; so does, for a session without a file, a count of tensors kept other than
-/// the reads' (a file session keeps them in the file). The file is removed however it ends.
+/// the reads' (a file session keeps them in the file). The file stays: give a path in a
+/// [`TempDir`](crate::TempDir).
 pub fn block<T>(
     config: Option<ModelTracerConfig>,
     file: Option<&Path>,
@@ -111,8 +112,6 @@ pub fn block<T>(
     passes: usize,
     device: &Device,
 ) -> Result<Vec<f64>, Failure> {
-    // Dropped after the session, which writes the file when it ends.
-    let _file = RemovedOnDrop(file);
     let session =
         match config {
             None => None,
@@ -147,18 +146,6 @@ pub fn block<T>(
         }
     }
     Ok(times_ms)
-}
-
-/// A scratch file, removed when this is dropped.
-struct RemovedOnDrop<'a>(Option<&'a Path>);
-
-impl Drop for RemovedOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(path) = self.0 {
-            // Nothing to do about a file that is not there (a session that never started).
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 /// The pass `block` times for candle tensors.
